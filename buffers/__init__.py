@@ -1,0 +1,19 @@
+"""Replay storage for off-policy RL: uniform and prioritized sampling, n-step returns.
+
+    rb = ReplayBuffer(capacity, device="cpu", seed=0)
+    idx = rb.extend(td)                 # TensorDict [B] -> int64 indices [B]
+    batch = rb.sample(256)              # TensorDict [256] plus "index"
+
+    prb = PrioritizedReplayBuffer(capacity, alpha=0.6, beta=0.4)
+    batch = prb.sample(256)             # plus "index" and "weight"
+    prb.update_priority(batch["index"], td_error.abs())
+
+    nstep = NStepReturns(n=3, gamma=0.99, num_envs=8)
+    rb.extend(nstep.push(step))         # step: TensorDict [8] of one vector-env step
+"""
+
+from buffers.nstep import NStepReturns
+from buffers.prioritized import PrioritizedReplayBuffer, SegmentTree
+from buffers.replay import ReplayBuffer
+
+__all__ = ["NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]

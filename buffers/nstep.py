@@ -1,0 +1,74 @@
+"""n-step returns folded at write time, per environment.
+
+A transition that starts at step t and covers m <= n steps of one episode is stored as
+    reward     = sum_{k<m} gamma**k r_{t+k}
+    next_obs   = the observation after step t+m-1 (the real final one at an episode end)
+    terminated = whether the episode terminated at step t+m-1
+    discount   = 0 if terminated else gamma**m
+so every algorithm's target is reward + discount * V(next_obs). Windows never cross an episode
+end: when an environment's episode ends (terminated or truncated), every window still pending
+for it is emitted with its shorter m. Truncation keeps discount = gamma**m, so the target
+bootstraps from the real final observation; termination does not bootstrap.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+REQUIRED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+END_KEYS = ("next_obs", "terminated", "truncated")  # taken from a window's last step
+
+
+class NStepReturns:
+    """Keeps the last n steps of each environment and emits n-step transitions as they finish."""
+
+    def __init__(self, n: int, gamma: float, num_envs: int):
+        if int(n) < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.n, self.gamma, self.num_envs = int(n), float(gamma), int(num_envs)
+        self.ring: TensorDict | None = None  # [n, num_envs]: start-of-window keys of the last n steps
+        self.age = torch.zeros(self.num_envs, dtype=torch.int64)  # current-episode steps in the ring
+        self.t = 0  # steps pushed; step t sits in ring row t % n
+
+    def push(self, step: TensorDict) -> TensorDict:
+        """Add one vector-env step (batch [num_envs]); return the transitions that finished with it."""
+        missing = [key for key in REQUIRED if key not in step.keys()]  # noqa: SIM118 (TensorDict)
+        if missing:
+            raise ValueError(f"step is missing keys {missing}; it needs {list(REQUIRED)}")
+        if tuple(step.batch_size) != (self.num_envs,):
+            raise ValueError(f"step has batch size {tuple(step.batch_size)}, expected ({self.num_envs},)")
+        step = step.to("cpu")
+        start = step.exclude(*END_KEYS)
+        if self.ring is None:
+            self.ring = start.unsqueeze(0).expand(self.n, self.num_envs).clone()
+        self.ring[self.t % self.n] = start
+        self.age = (self.age + 1).clamp_(max=self.n)
+
+        # returns[m-1, e]: folded reward of env e's window of length m that ends at this step.
+        rewards = self.ring["reward"]
+        returns = torch.empty_like(rewards)
+        folded = torch.zeros_like(rewards[0])
+        for m in range(1, self.n + 1):
+            folded = rewards[(self.t - m + 1) % self.n] + self.gamma * folded
+            returns[m - 1] = folded
+
+        terminated, truncated = step["terminated"].bool(), step["truncated"].bool()
+        done = terminated | truncated
+        length = torch.arange(1, self.n + 1).unsqueeze(1)  # [n, 1]
+        emit = (length <= self.age) & (done | (length == self.n))
+        row, env = emit.nonzero(as_tuple=True)
+        ready = self.ring.apply(lambda x: x[(self.t - row) % self.n, env], batch_size=[row.numel()])
+        ready["reward"] = returns[row, env]
+        for key in END_KEYS:
+            ready[key] = step[key][env]
+        discount = torch.full((row.numel(),), self.gamma, dtype=torch.float32).pow(row + 1)
+        ready["discount"] = torch.where(terminated[env], 0.0, discount)
+
+        self.age[done] = 0
+        self.t += 1
+        return ready

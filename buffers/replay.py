@@ -1,0 +1,158 @@
+"""Ring-buffer replay storage with uniform sampling.
+
+Invariants kept here (tests/test_replay.py checks each):
+- Storage is one preallocated tensor per key, allocated from the first batch written.
+- Item k (counted from 0 since creation) lives in slot k % capacity; when full, the oldest
+  item is overwritten. `extend` returns these write positions ("indices"), and an index i is
+  still stored exactly when written - capacity <= i < written.
+- Bad input raises before anything is written, so a failed call leaves the buffer unchanged.
+- Sampling draws from the buffer's own torch.Generator: same seed, same samples.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+
+class ReplayBuffer:
+    """Uniform replay over a TensorDict of preallocated tensors on `device` (CPU or CUDA)."""
+
+    def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None):
+        if int(capacity) <= 0:
+            raise ValueError(f"capacity must be a positive integer, got {capacity}")
+        self.capacity = int(capacity)
+        self.device = torch.device(device)
+        self.storage: TensorDict | None = None
+        self.written = 0  # items written since creation; the next item's index
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+
+    def __len__(self) -> int:
+        return min(self.written, self.capacity)
+
+    def __repr__(self) -> str:
+        keys = [] if self.storage is None else sorted(map(str, self.storage.keys(True, True)))
+        return f"{type(self).__name__}(len={len(self)}, capacity={self.capacity}, keys={keys})"
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def extend(self, data: TensorDict) -> torch.Tensor:
+        """Append a batch (batch_size [B]); return the items' int64 indices [B]."""
+        if data.batch_dims != 1:
+            raise ValueError(f"extend expects a TensorDict with one batch dimension, got {data.batch_size}")
+        size = data.batch_size[0]
+        if size > self.capacity:
+            raise ValueError(f"batch of {size} items does not fit a buffer of capacity {self.capacity}")
+        if self.storage is None:
+            if size == 0:
+                return torch.empty(0, dtype=torch.int64, device=self.device)
+            self.storage = self._allocate(data)
+        else:
+            self._check_layout(data)
+        if size == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        index = torch.arange(self.written, self.written + size, device=self.device)
+        start = self.written % self.capacity
+        first = min(size, self.capacity - start)  # items before the ring wraps
+        for key, src in data.items(True, True):
+            dst = self.storage.get(key)
+            # Blocking unless the copy goes to the GPU: a non-blocking copy to the CPU may not
+            # have landed yet when copy_ below reads it.
+            src = src.to(self.device, non_blocking=self.device.type == "cuda")
+            dst[start : start + first].copy_(src[:first])
+            if first < size:
+                dst[: size - first].copy_(src[first:])
+        self._on_write(index % self.capacity)
+        self.written += size
+        return index
+
+    def _allocate(self, data: TensorDict) -> TensorDict:
+        # torch.empty leaves pages untouched until written, so a large buffer costs memory as it fills.
+        return data.apply(
+            lambda x: torch.empty((self.capacity, *x.shape[1:]), dtype=x.dtype, device=self.device),
+            batch_size=[self.capacity],
+            device=self.device,
+        )
+
+    def _check_layout(self, data: TensorDict) -> None:
+        stored = set(self.storage.keys(True, True))
+        given = set(data.keys(True, True))
+        if stored != given:
+            raise ValueError(
+                f"batch keys differ from the stored ones: missing {sorted(map(str, stored - given))}, "
+                f"unexpected {sorted(map(str, given - stored))}"
+            )
+        for key in stored:
+            want, got = self.storage.get(key), data.get(key)
+            if want.shape[1:] != got.shape[1:] or want.dtype != got.dtype:
+                raise ValueError(
+                    f"key {key!r}: batch has item shape {tuple(got.shape[1:])} and dtype {got.dtype}, "
+                    f"the buffer stores {tuple(want.shape[1:])} and {want.dtype}"
+                )
+
+    def _on_write(self, slots: torch.Tensor) -> None:
+        """Hook for subclasses that keep per-slot data (priorities)."""
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def sample(self, batch_size: int) -> TensorDict:
+        """Draw `batch_size` items uniformly with replacement; adds "index"."""
+        self._check_sample(batch_size)
+        slots = torch.randint(len(self), (batch_size,), generator=self.generator, device=self.device)
+        return self._gather(slots)
+
+    def _check_sample(self, batch_size: int) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if self.written == 0:
+            raise RuntimeError("cannot sample from an empty buffer: extend it first")
+
+    def _gather(self, slots: torch.Tensor) -> TensorDict:
+        batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
+        batch["index"] = self._index_of(slots)
+        return TensorDict(batch, batch_size=[slots.numel()], device=self.device)
+
+    def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """The write position of the item now in each slot: the latest k < written with k % capacity == slot."""
+        last = self.written - 1
+        return last - torch.remainder(last - slots, self.capacity)
+
+    def _slots_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validate item indices; return (slots, mask of the indices whose item is still stored)."""
+        index = torch.as_tensor(index, device=self.device).reshape(-1)
+        if index.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+            raise ValueError(f"indices must be integers, got dtype {index.dtype}")
+        index = index.long()
+        if index.numel() and bool((index < 0).any()):
+            raise ValueError(f"negative indices: {index[index < 0].tolist()[:8]}")
+        if index.numel() and bool((index >= self.written).any()):
+            raise ValueError(
+                f"indices never written (only {self.written} items so far): "
+                f"{index[index >= self.written].tolist()[:8]}"
+            )
+        return index % self.capacity, index >= self.written - self.capacity
+
+    # ---- checkpointing ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: storage, write count and the generator's state."""
+        return {
+            "capacity": self.capacity,
+            "written": self.written,
+            "storage": None if self.storage is None else self.storage.to_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"state is for capacity {state['capacity']}, this buffer has {self.capacity}")
+        storage = state["storage"]
+        # Copy, so that this buffer and the one the state came from never share memory.
+        self.storage = None if storage is None else TensorDict(
+            storage, batch_size=[self.capacity]).to(self.device).clone()
+        self.written = int(state["written"])
+        self.generator.set_state(state["generator"])

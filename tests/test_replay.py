@@ -1,0 +1,306 @@
+"""ReplayBuffer: ring storage, write positions, uniform sampling, seeding, checkpoints, bad input.
+
+The storage behaviour is shared by both buffers, so most tests run on ReplayBuffer and on
+PrioritizedReplayBuffer (`buffer_cls`), and on every device of the `device` fixture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from buffers import PrioritizedReplayBuffer, ReplayBuffer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(params=[ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+def buffer_cls(request):
+    return request.param
+
+
+def items(index) -> TensorDict:
+    """Items whose every field is a function of their write position, nested keys and several dtypes."""
+    index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+    x = index.float()
+    return TensorDict(
+        {
+            "obs": torch.stack([x, -x, 0.5 * x], dim=1),
+            "action": index * 7 % 1000,
+            "done": index % 3 == 0,
+            "next": {"reward": x / 4 - 1},
+        },
+        batch_size=[index.numel()],
+    )
+
+
+def assert_items(batch: TensorDict, index: torch.Tensor) -> None:
+    """Every stored field of `batch` is what was written at `index`."""
+    want = items(index.cpu())
+    for key in want.keys(True, True):
+        assert torch.equal(batch.get(key).cpu(), want.get(key)), key
+
+
+def fill(buf, count: int, chunk: int = 5) -> None:
+    for start in range(0, count, chunk):
+        buf.extend(items(torch.arange(start, min(start + chunk, count))))
+
+
+# ---- ring storage ------------------------------------------------------------------------------
+
+
+def test_extend_returns_write_positions_and_each_slot_holds_its_newest_item(buffer_cls, device):
+    capacity = 7
+    buf = buffer_cls(capacity, device=device, seed=0)
+    rng = np.random.default_rng(0)
+    written = 0
+    for _ in range(40):
+        size = int(rng.integers(0, capacity + 1))  # empty batches and whole-capacity ones included
+        index = buf.extend(items(torch.arange(written, written + size)))
+        assert index.dtype == torch.int64
+        assert index.device.type == device.type
+        assert index.cpu().tolist() == list(range(written, written + size))
+        written += size
+        assert buf.written == written
+        assert len(buf) == min(written, capacity)
+        if written == 0:
+            continue
+        # Slot s holds the newest item k < written with k % capacity == s.
+        newest = torch.tensor([max(k for k in range(written) if k % capacity == s) for s in range(len(buf))])
+        stored = buf.storage[: len(buf)]
+        assert stored.device.type == device.type
+        assert_items(stored, newest)
+
+
+def test_a_cpu_buffer_stores_batches_that_come_from_another_device(buffer_cls, device):
+    """On CUDA this is the device-to-host path: the copy must have landed before it is stored."""
+    capacity = 20_000
+    buf = buffer_cls(capacity, device="cpu", seed=0)
+    for start in range(0, 2 * capacity, capacity // 2):
+        index = buf.extend(items(torch.arange(start, start + capacity // 2)).to(device))
+        assert index.device.type == "cpu"
+    assert_items(buf.storage, torch.arange(capacity, 2 * capacity))
+
+
+@pytest.mark.parametrize("written", [4, 10, 37])
+def test_sampled_indices_are_live_and_their_data_is_what_was_written_there(buffer_cls, device, written):
+    capacity = 10
+    buf = buffer_cls(capacity, device=device, seed=1)
+    fill(buf, written, chunk=3)
+    batch = buf.sample(500)
+    assert batch.batch_size == torch.Size([500])
+    assert batch.device.type == device.type
+    index = batch["index"]
+    assert index.dtype == torch.int64
+    assert bool((index >= written - capacity).all()) and bool((index < written).all())
+    assert_items(batch, index)
+    # Every live item shows up in 500 draws (a miss has probability < 10 * 0.9**500).
+    assert set(index.cpu().tolist()) == set(range(max(0, written - capacity), written))
+
+
+@pytest.mark.parametrize("capacity, written", [(64, 40), (48, 100)])
+def test_uniform_sampling_chi_square(device, chi_square, capacity, written):
+    """Sample counts of the live items fit the uniform distribution.
+
+    Seed 3, 100,000 draws, Pearson chi-square at significance 1e-3 (critical value from the
+    Wilson–Hilferty approximation, tests/conftest.py).
+    """
+    buf = ReplayBuffer(capacity, device=device, seed=3)
+    fill(buf, written, chunk=7)
+    size = len(buf)
+    index = torch.cat([buf.sample(1000)["index"] for _ in range(100)]).cpu()
+    assert bool((index >= written - size).all()) and bool((index < written).all())
+    counts = torch.bincount(index - (written - size), minlength=size).numpy()
+    stat, critical = chi_square(counts, np.full(size, 1.0 / size))
+    assert stat < critical, (stat, critical)
+
+
+def test_same_seed_same_samples_and_different_seeds_differ(buffer_cls, device):
+    a, b, c = (buffer_cls(20, device=device, seed=s) for s in (5, 5, 6))
+    for buf in (a, b, c):
+        fill(buf, 33)
+    for _ in range(3):
+        sa, sb, sc = a.sample(64), b.sample(64), c.sample(64)
+        assert (sa == sb).all()
+        assert torch.equal(sa["index"], sb["index"])
+    assert not torch.equal(sa["index"], sc["index"])
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+
+def test_state_dict_round_trip_through_a_file(buffer_cls, device, tmp_path, snapshot):
+    original = buffer_cls(12, device=device, seed=7)
+    fill(original, 29)
+    original.sample(8)  # move the generator on from its seed
+    path = tmp_path / "buffer.pt"
+    torch.save(original.state_dict(), path)
+
+    copy = buffer_cls(12, device=device, seed=99)
+    copy.load_state_dict(torch.load(path, weights_only=True))
+    assert snapshot(copy) == snapshot(original)
+    for _ in range(3):
+        assert (copy.sample(16) == original.sample(16)).all()
+
+    # Same writes, same future.
+    for buf in (original, copy):
+        buf.extend(items(torch.arange(100, 105)))
+    assert (copy.sample(16) == original.sample(16)).all()
+
+    # Writing to one leaves the other alone, both ways.
+    before = snapshot(copy)
+    original.extend(items(torch.arange(200, 211)))
+    assert snapshot(copy) == before
+    before = snapshot(original)
+    copy.extend(items(torch.arange(300, 311)))
+    assert snapshot(original) == before
+
+
+def test_state_dict_loaded_in_memory_shares_no_storage(buffer_cls, device, snapshot):
+    original = buffer_cls(6, device=device, seed=0)
+    fill(original, 9)
+    copy = buffer_cls(6, device=device, seed=1)
+    copy.load_state_dict(original.state_dict())
+    assert snapshot(copy) == snapshot(original)
+    before = snapshot(copy)
+    original.extend(items(torch.arange(50, 56)))
+    original.sample(4)
+    assert snapshot(copy) == before
+
+
+def test_state_dict_of_an_empty_buffer(buffer_cls, device, snapshot):
+    copy = buffer_cls(5, device=device, seed=2)
+    copy.load_state_dict(buffer_cls(5, device=device, seed=3).state_dict())
+    assert len(copy) == 0
+    with pytest.raises(RuntimeError, match="empty"):
+        copy.sample(1)
+    assert copy.extend(items(torch.arange(2))).tolist() == [0, 1]
+    batch = copy.sample(10)
+    assert_items(batch, batch["index"])
+
+
+def test_load_state_dict_rejects_another_capacity(buffer_cls, device):
+    state = buffer_cls(5, device=device).state_dict()
+    with pytest.raises(ValueError, match="capacity"):
+        buffer_cls(6, device=device).load_state_dict(state)
+
+
+# ---- empty batches and bad input ---------------------------------------------------------------
+
+
+def test_extending_with_an_empty_batch_is_a_no_op(buffer_cls, device, snapshot):
+    buf = buffer_cls(8, device=device, seed=0)
+    before = snapshot(buf)
+    index = buf.extend(items(torch.arange(0)))
+    assert index.dtype == torch.int64 and index.numel() == 0 and index.device.type == device.type
+    assert snapshot(buf) == before  # nothing allocated, nothing counted
+
+    fill(buf, 11)
+    before = snapshot(buf)
+    index = buf.extend(items(torch.arange(0)))
+    assert index.dtype == torch.int64 and index.numel() == 0
+    assert snapshot(buf) == before
+
+
+def _drop_key(td):
+    return td.exclude("action")
+
+
+def _extra_key(td):
+    td = td.clone()
+    td["extra"] = torch.zeros(td.batch_size[0])
+    return td
+
+
+def _item_shape(td):
+    td = td.clone()
+    td["obs"] = torch.zeros(td.batch_size[0], 4)
+    return td
+
+
+def _dtype(td):
+    td = td.clone()
+    td["action"] = td["action"].int()
+    return td
+
+
+def _nested_dtype(td):
+    td = td.clone()
+    td["next", "reward"] = td["next", "reward"].double()
+    return td
+
+
+def _two_batch_dims(td):
+    return td.unsqueeze(0)
+
+
+def _too_big(td):
+    return items(torch.arange(9))
+
+
+@pytest.mark.parametrize(
+    "corrupt, match",
+    [
+        (_drop_key, r"missing \['action'\]"),
+        (_extra_key, r"unexpected \['extra'\]"),
+        (_item_shape, r"'obs'.*item shape \(4,\)"),
+        (_dtype, r"'action'.*torch\.int32"),
+        (_nested_dtype, r"reward.*torch\.float64"),
+        (_two_batch_dims, "one batch dimension"),
+        (_too_big, "capacity 8"),
+    ],
+    ids=["missing-key", "extra-key", "item-shape", "dtype", "nested-dtype", "batch-dims", "too-big"],
+)
+def test_a_batch_unlike_the_stored_ones_raises_and_changes_nothing(
+    buffer_cls, device, snapshot, corrupt, match
+):
+    buf = buffer_cls(8, device=device, seed=0)
+    fill(buf, 11)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match=match):
+        buf.extend(corrupt(items(torch.arange(11, 14))))
+    assert snapshot(buf) == before
+    # The empty-batch shortcut does not skip the check.
+    with pytest.raises(ValueError, match=match):
+        buf.extend(corrupt(items(torch.arange(0))))
+    assert snapshot(buf) == before
+    # A good batch still goes where it should.
+    assert buf.extend(items(torch.arange(11, 14))).tolist() == [11, 12, 13]
+
+
+def test_sampling_an_empty_buffer_raises_and_changes_nothing(buffer_cls, device, snapshot):
+    buf = buffer_cls(4, device=device, seed=0)
+    buf.extend(items(torch.arange(0)))
+    before = snapshot(buf)
+    with pytest.raises(RuntimeError, match="empty buffer"):
+        buf.sample(2)
+    assert snapshot(buf) == before
+
+
+@pytest.mark.parametrize("batch_size", [0, -3])
+def test_sample_size_must_be_positive(buffer_cls, device, snapshot, batch_size):
+    buf = buffer_cls(4, device=device, seed=0)
+    fill(buf, 3)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match=f"batch_size must be positive, got {batch_size}"):
+        buf.sample(batch_size)
+    assert snapshot(buf) == before
+
+
+@pytest.mark.parametrize("capacity", [0, -5])
+def test_capacity_must_be_positive(buffer_cls, device, capacity):
+    with pytest.raises(ValueError, match=f"capacity must be a positive integer, got {capacity}"):
+        buffer_cls(capacity, device=device)
+
+
+def test_len_and_repr(buffer_cls, device):
+    buf = buffer_cls(5, device=device)
+    assert len(buf) == 0
+    fill(buf, 3)
+    assert len(buf) == 3
+    buf.extend(items(torch.arange(3, 8)))
+    assert len(buf) == 5
+    text = repr(buf)
+    assert f"{buffer_cls.__name__}(len=5, capacity=5" in text and "'action'" in text
