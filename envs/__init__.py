@@ -1,0 +1,17 @@
+"""Environment construction for the algorithm files: vector envs, clean transitions, evaluation.
+
+A collection step in an algorithm file::
+
+    env = make_vector_env("PongNoFrameskip-v4", num_envs=8, seed=1)
+    obs, _ = env.reset(seed=1)
+    rec = TransitionRecorder(env.num_envs, clip_reward=is_atari("PongNoFrameskip-v4"))
+    next_obs, reward, terminated, truncated, info = env.step(action)
+    td, finished = rec.record(obs, action, reward, next_obs, terminated, truncated, info)
+    rb.extend(td); obs = next_obs
+"""
+
+from .evaluate import evaluate
+from .make import is_atari, make_vector_env
+from .recorder import TransitionRecorder
+
+__all__ = ["TransitionRecorder", "evaluate", "is_atari", "make_vector_env"]

@@ -1,0 +1,94 @@
+"""Policy evaluation with an optional mp4 of the first episode."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .make import is_atari, make_vector_env
+from .recorder import EpisodeStats
+
+ATARI_FPS = 15  # 60 Hz emulator with frameskip 4
+
+
+def evaluate(
+    env_id: str,
+    policy: Callable[[np.ndarray], np.ndarray],
+    episodes: int,
+    seed: int,
+    *,
+    num_envs: int = 1,
+    video_dir: str | None = None,
+) -> list[float]:
+    """Raw (unclipped) returns of `episodes` episodes of `policy` (batch of obs -> batch of actions).
+
+    Sub-env i plays a fixed share of the episodes (the first ones it finishes), so the result
+    does not favour short episodes as "whichever episodes end first" would; returns come in the
+    order the episodes ended, which is deterministic for a given seed and policy.
+
+    With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`:
+    `env.render()` frames for gymnasium envs (the terminal frame is missing: in SAME_STEP mode
+    the env has reset before it can be rendered), and for Atari, which cannot render, the newest
+    84x84 grayscale frame of each observation stack.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    atari = is_atari(env_id)
+    render_kwargs = {"render_mode": "rgb_array"} if video_dir is not None and not atari else {}
+    env = make_vector_env(env_id, num_envs, seed, training=False, **render_kwargs)
+    quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
+    stats = EpisodeStats(num_envs)
+    returns: list[float] = []
+    frames: list[np.ndarray] = []
+    recording = video_dir is not None
+    try:
+        obs, _ = env.reset(seed=seed)
+        if recording:
+            frames.append(_frame(env, obs, atari))
+        while quota.any():
+            obs, reward, terminated, truncated, info = env.step(policy(obs))
+            done = terminated | truncated
+            if recording and done[0]:
+                recording = False
+                if atari:
+                    frames.append(info["final_obs"][0, -1])
+            elif recording:
+                frames.append(_frame(env, obs, atari))
+            for i, ret, _ in stats.update(reward, done):
+                if quota[i] > 0:
+                    quota[i] -= 1
+                    returns.append(ret)
+        fps = ATARI_FPS if atari else env.metadata.get("render_fps", 30)
+    finally:
+        env.close()
+    if video_dir is not None:
+        _write_mp4(os.path.join(video_dir, "eval-episode-0.mp4"), frames, fps)
+    return returns
+
+
+def _frame(env: Any, obs: np.ndarray, atari: bool) -> np.ndarray:
+    if atari:
+        return obs[0, -1]
+    try:
+        return env.render()[0]
+    except Exception as e:  # MuJoCo raises several error types when it has no OpenGL context
+        raise RuntimeError(
+            f"Rendering failed ({e}). Headless MuJoCo needs an OpenGL backend: set MUJOCO_GL=egl "
+            "(or MUJOCO_GL=osmesa)."
+        ) from e
+
+
+def _write_mp4(path: str, frames: list[np.ndarray], fps: float) -> None:
+    try:
+        import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio needs it for mp4, but only says so when writing)
+    except ImportError as e:
+        raise ImportError(
+            "Writing videos needs imageio and imageio-ffmpeg: install the `video` extra."
+        ) from e
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    # macro_block_size=2 pads odd sizes for yuv420p without resizing 84x84 Atari frames to 96x96
+    imageio.mimwrite(path, frames, fps=fps, macro_block_size=2)
