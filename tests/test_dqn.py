@@ -1,0 +1,174 @@
+"""algos/dqn.py: CLI and config handling, clear errors, smoke runs, W&B offline, and learning on CartPole."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from tests.algo_utils import ROOT, load_algo, run_dir_of, tiny_args
+from tracking import parse_args
+
+dqn = load_algo("dqn")
+
+
+def test_help_lists_arguments_with_their_help():
+    out = subprocess.run([sys.executable, str(ROOT / "algos/dqn.py"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--env", "--total-timesteps", "--buffer-size", "--config", "--track", "--save-model"):
+        assert flag in out.stdout
+    assert "replay capacity" in out.stdout
+
+
+def test_yaml_gives_defaults_and_flags_override_it(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("algo: dqn\nlearning_rate: 1e-3\nseed: 5\nenv: Acrobot-v1\nloss: huber\n")
+    args = parse_args(dqn.Args, ["--config", str(config), "--seed", "7"])
+    assert (args.learning_rate, args.seed, args.env, args.loss) == (1e-3, 7, "Acrobot-v1", "huber")
+    args = parse_args(dqn.Args, ["--env", "MountainCar-v0", f"--config={config}"])
+    assert args.env == "MountainCar-v0" and args.seed == 5 and args.config == str(config)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("learning_rat: 0.1\n", r"unknown key 'learning_rat'.*valid keys:.*learning_rate"),
+        ("batch_size: abc\n", r"batch_size = 'abc' is not of type int"),
+        ("loss: l1\n", r"loss = 'l1' is not of type"),
+        ("- 1\n- 2\n", r"must be a mapping"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit, match=message):
+        parse_args(dqn.Args, ["--config", str(config)])
+
+
+def test_bad_config_from_the_command_line_exits_without_traceback(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("gama: 0.9\n")
+    out = subprocess.run([sys.executable, str(ROOT / "algos/dqn.py"), "--config", str(config)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "unknown key 'gama'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"env": "NoSuchEnv-v0"}, r"NoSuchEnv-v0.*not registered"),
+        ({"env": "Pendulum-v1"}, r"discrete action space.*Pendulum-v1.*ddpg"),
+        ({"batch_size": 0}, r"--batch-size must be >= 1"),
+        ({"tau": 1.5}, r"--tau must be in \(0, 1\]"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(tmp_path, monkeypatch, change, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=message):
+        dqn.main(tiny_args(dqn, **change))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_existing_run_directory_is_not_overwritten(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "metrics.jsonl").write_text("keep me\n")
+    with pytest.raises(SystemExit, match="already exists"):
+        dqn.main(tiny_args(dqn, run_name="taken"))
+    assert (tmp_path / "runs" / "taken" / "metrics.jsonl").read_text() == "keep me\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA")
+def test_cuda_without_a_gpu_falls_back_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="no CUDA device"):
+        summary = dqn.main(tiny_args(dqn, cuda=True))
+    assert summary["global_step"] >= 400
+
+
+def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = tiny_args(dqn, save_model=True, capture_video=True, num_envs=2, eval_frequency=200)
+    summary = dqn.main(args)
+    run = run_dir_of(tmp_path, args)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["env"] == "CartPole-v1" and config["batch_size"] == args.batch_size
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("global_step" in r for r in records)
+    tags = {k for r in records for k in r}
+    assert {"charts/episodic_return", "charts/episodic_length", "losses/td_loss", "eval/episodic_return"} <= tags
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved["eval_episodes"] == args.eval_episodes == len(saved["eval_returns"])
+    assert saved["global_step"] == summary["global_step"] >= args.total_timesteps
+    assert saved["updates"] > 0
+    assert (run / "videos" / "eval-episode-0.mp4").stat().st_size > 1000
+
+    # The saved weights rebuild the network a user would construct from the env's spaces.
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    net = dqn.QNetwork(env.observation_space, env.action_space)
+    net.load_state_dict(torch.load(run / "model.pt", weights_only=True))
+    assert net(torch.zeros(3, 4)).shape == (3, 2)
+
+
+def test_pong_smoke_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = tiny_args(dqn, env="PongNoFrameskip-v4", total_timesteps=300, learning_starts=100, buffer_size=500,
+                     batch_size=8, train_frequency=4, eval_episodes=1, target_network_frequency=50)
+    summary = dqn.main(args)
+    run = run_dir_of(tmp_path, args)
+    assert summary["updates"] == (300 - 100) // 4
+    assert -21 <= summary["eval_return_mean"] <= 21
+    assert "losses/td_loss" in (run / "metrics.jsonl").read_text()
+
+
+def test_track_writes_an_offline_wandb_run_with_the_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = tiny_args(dqn, track=True, wandb_project_name="test-project")
+    dqn.main(args)
+    runs = list((run_dir_of(tmp_path, args) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    log = next(runs[0].glob("*.wandb")).read_bytes()
+    for tag in (b"charts/episodic_return", b"losses/td_loss", b"eval/episodic_return"):
+        assert tag in log
+
+
+def test_td_target_bootstraps_except_after_termination():
+    import gymnasium as gym
+    from tensordict import TensorDict
+
+    env = gym.make("CartPole-v1")
+    net = dqn.QNetwork(env.observation_space, env.action_space)
+    next_obs = torch.randn(4, 4)
+    batch = TensorDict(reward=torch.tensor([1.0, 2.0, 3.0, 4.0]), next_obs=next_obs,
+                       terminated=torch.tensor([False, True, False, True]), batch_size=[4])
+    with torch.no_grad():
+        best = net(next_obs).max(dim=1).values
+        target = dqn.td_target(net, batch, 0.9)
+    assert torch.allclose(target, torch.tensor([1 + 0.9 * best[0], 2.0, 3 + 0.9 * best[2], 4.0]))
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_dqn_solves_cartpole(tmp_path, monkeypatch, seed):
+    """DQN with configs/dqn/cartpole.yaml reaches a mean evaluation return >= 475 within 100k steps.
+
+    Evaluations (10 episodes, greedy) run every 5000 steps; training stops at the first that
+    reaches 475, and the run's final evaluation of that policy must reach it too.
+    """
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(dqn.Args, ["--config", str(ROOT / "configs/dqn/cartpole.yaml"), "--seed", str(seed)])
+    args = dataclasses.replace(args, cuda=False, run_name=f"learn{seed}", eval_frequency=5000, stop_return=475.0)
+    assert args.total_timesteps <= 100_000
+    summary = dqn.main(args)
+    assert summary["global_step"] <= 100_000 and summary["eval_return_mean"] >= 475, summary
