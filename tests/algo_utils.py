@@ -23,7 +23,7 @@ def load_algo(name: str) -> ModuleType:
 def tiny_args(module: ModuleType, **changes):
     """The script's Args with budgets small enough for a smoke test that still reaches gradient steps."""
     tiny = dict(total_timesteps=400, learning_starts=100, buffer_size=1000, batch_size=16, train_frequency=2,
-                eval_episodes=2, cuda=False, run_name="smoke")
+                gradient_steps=1, eval_episodes=2, cuda=False, run_name="smoke")
     fields = {f.name for f in dataclasses.fields(module.Args)}
     return dataclasses.replace(module.Args(), **{k: v for k, v in {**tiny, **changes}.items() if k in fields})
 

@@ -134,6 +134,7 @@ def test_track_writes_an_offline_wandb_run_with_the_metrics(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "300")  # a loaded CI machine can be slow to start wandb-core
     args = tiny_args(dqn, track=True, wandb_project_name="test-project")
     dqn.main(args)
     runs = list((run_dir_of(tmp_path, args) / "wandb").glob("offline-run-*"))
