@@ -1,18 +1,25 @@
-"""Proportional prioritized replay (Schaul et al. 2016) on a vectorised float64 sum tree.
+"""Proportional prioritized replay (Schaul et al. 2016) on vectorised, wide float64 sum and min trees.
 
 Invariants kept here (tests/test_prioritized.py checks each):
 - The stored priority of an item is (|p| + eps) ** alpha; P(i) = stored_i / total.
 - New items get the largest stored priority seen so far (1.0 at the start).
-- Every internal node is recomputed from its two children on each update, never adjusted by
-  a difference, so the tree cannot drift; float64 keeps items reachable at 1M capacity.
+- Every internal node is recomputed from its children on each update, never adjusted by a
+  difference, so the trees cannot drift; float64 keeps items reachable at 1M capacity.
 - Sampling is stratified: [0, total) is cut into batch_size equal segments, one draw in each.
 - weight_i = (N P(i)) ** -beta / max_j (N P(j)) ** -beta = (stored_i / min_j stored_j) ** -beta,
   with the minimum over the whole buffer (a min tree keeps it), so weights lie in (0, 1].
 - A priority update for an index whose slot was overwritten since is ignored; when one update
-  names an index twice, the last value wins.
+  names an index twice, the last value wins. Bad input raises before anything changes.
+
+Why wide trees: on small observations the cost of PER is the number of tiny tensor ops, not
+the bytes they touch. A binary tree over 1M leaves takes 20 levels of ops per update and per
+descent; rows of 32 children under a top level of at most 4096 entries take 3.
 """
 
 from __future__ import annotations
+
+import math
+from itertools import pairwise
 
 import torch
 from tensordict import TensorDict
@@ -21,53 +28,100 @@ from buffers.replay import ReplayBuffer
 
 
 class SegmentTree:
-    """A complete binary tree over `capacity` leaves held in one tensor.
+    """Sums (op="sum") or minimums (op="min") of `capacity` float64 leaves, kept in a few levels.
 
-    Node 1 is the root, node i has children 2i and 2i+1, and leaf j is node size + j, where size
-    is the next power of two >= capacity. Unused leaves hold the identity of `op`.
+    Layout: `levels[0]` holds the leaves (padded), and each level has `arity` times as many
+    entries as the one above it, read as rows of `arity` children: `levels[l + 1][r]` is the sum
+    (or min) of row r of `levels[l].view(-1, arity)`. So every entry, padding included, has a full
+    row of children, and a descent can never step outside a level. The top level, the first with
+    at most `top` entries, is not grouped further; its sum (or min) is the root. Padding and
+    leaves never written hold the identity of `op` (0 or inf), so they change no sum or min.
+
+    No drift: a parent is always recomputed as `reduce(row of its children, dim=1)`, the same
+    torch reduction over the same values whichever update wrote it, so every level equals the
+    reduction of the level below exactly, as if the tree had been rebuilt from its leaves.
+
+    Cost: on small tensors each torch op costs a few microseconds whatever its size, and an
+    update takes four ops per level, a descent eight; a wide `arity` and `top` keep the levels
+    few (1M leaves with arity 32 and top 4096: 3 levels, against 20 in a binary tree).
     """
 
-    def __init__(self, capacity: int, op: str, device: torch.device):
+    def __init__(self, capacity: int, op: str, device: str | torch.device = "cpu", arity: int = 32,
+                 top: int = 4096):
         if op not in ("sum", "min"):
             raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
-        self.size = 1 << max(0, (capacity - 1).bit_length())
-        self.depth = self.size.bit_length() - 1
-        self.combine = torch.add if op == "sum" else torch.minimum
-        fill = 0.0 if op == "sum" else float("inf")
-        self.nodes = torch.full((2 * self.size,), fill, dtype=torch.float64, device=device)
+        if int(arity) < 2 or int(top) < 1:
+            raise ValueError(f"arity must be >= 2 and top >= 1, got arity={arity}, top={top}")
+        self.capacity, self.op, self.arity, self.top = int(capacity), op, int(arity), int(top)
+        self.identity = 0.0 if op == "sum" else math.inf
+        self.reduce = torch.sum if op == "sum" else torch.amin
+        depth = 0  # levels above the leaves
+        while -(-self.capacity // self.arity**depth) > self.top:
+            depth += 1
+        width = -(-self.capacity // self.arity**depth)  # entries in the top level
+        sizes = [width * self.arity**d for d in range(depth, -1, -1)]  # leaves first
+        self.levels = [torch.full((n,), self.identity, dtype=torch.float64, device=device) for n in sizes]
 
     @property
     def root(self) -> torch.Tensor:
-        return self.nodes[1]
+        """The sum (or min) of all leaves, as a 0-d tensor (no host sync)."""
+        return self.reduce(self.levels[-1])
 
     def leaves(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.nodes[self.size + slots]
+        return self.levels[0].index_select(0, slots)
 
     def update(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """Set leaves (slots must be unique), then recompute their ancestors level by level.
+        """Set leaves[slots] = values, then recompute their ancestors, one level at a time.
 
-        Two slots may share a parent; both writes then store the same value, read from the
-        already-final children, so no de-duplication is needed above the leaves.
+        A slot may repeat only with equal values (index_copy_ keeps one of the copies, unspecified
+        which). Above the leaves repeats are harmless: each copy of a parent is reduced from the
+        already-final row of its children, so all copies write the same value.
         """
-        node = self.size + slots
-        self.nodes[node] = values
-        for _ in range(self.depth):
-            node = node // 2
-            self.nodes[node] = self.combine(self.nodes[2 * node], self.nodes[2 * node + 1])
+        self.levels[0].index_copy_(0, slots, values)
+        node = slots
+        for children, parents in pairwise(self.levels):
+            node = node.div(self.arity, rounding_mode="floor")
+            row = children.view(-1, self.arity).index_select(0, node)
+            parents.index_copy_(0, node, self.reduce(row, dim=1))
+
+    def assign(self, leaves: torch.Tensor) -> None:
+        """Set all `capacity` leaves at once and rebuild every level from them."""
+        self.levels[0][: self.capacity].copy_(leaves)
+        for children, parents in pairwise(self.levels):
+            self.reduce(children.view(-1, self.arity), dim=1, out=parents)
 
     def find_prefix(self, mass: torch.Tensor) -> torch.Tensor:
-        """For each mass in [0, root), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1])."""
-        node = torch.ones_like(mass, dtype=torch.int64)
-        for _ in range(self.depth):
-            left = self.nodes[2 * node]
-            go_right = mass >= left
-            mass = torch.where(go_right, mass - left, mass)
-            node = 2 * node + go_right
-        return node - self.size
+        """For each mass (float64) in [0, root), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1]).
+
+        The descent searches the top level as one row, then the row of each chosen node's
+        children: it picks the entry whose cumulative-sum interval holds the mass, subtracts the
+        mass of the entries before it, and goes down. With exact partial sums (e.g. integer
+        leaves) the answer is exact and never a zero leaf. Otherwise a mass within rounding of a
+        boundary may go to a neighbour, and a mass at or past the end of a row goes to its last
+        entry: in a buffer, where zero leaves only follow the last item, the caller clamps that
+        back into the filled range.
+        """
+        top = self.levels[-1]
+        upper = top.cumsum(0)  # mass up to and including each entry
+        mass = mass.unsqueeze(1)  # [B, 1]: one search per row
+        node = torch.searchsorted(upper, mass, right=True).clamp_(max=top.numel() - 1)
+        mass = mass - torch.take(upper - top, node)  # minus the mass before the entry
+        node = node.view(-1)
+        for level in reversed(self.levels[:-1]):
+            row = level.view(-1, self.arity).index_select(0, node)  # [B, arity]: each node's children
+            upper = row.cumsum(1)
+            child = torch.searchsorted(upper, mass, right=True).clamp_(max=self.arity - 1)
+            mass = mass - (upper - row).gather(1, child)
+            node = child.view(-1).add_(node, alpha=self.arity)  # index of the child in this level
+        return node
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
     """ReplayBuffer whose `sample` draws proportionally to priority and adds "weight"."""
+
+    # Shape of both trees (see SegmentTree); the tests shrink them to get deep trees on small buffers.
+    tree_arity = 32
+    tree_top = 4096
 
     def __init__(
         self,
@@ -83,11 +137,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not eps > 0:
             raise ValueError(f"eps must be > 0 (it keeps every item sampleable), got {eps}")
+        if not eps**alpha > 0:
+            raise ValueError(f"eps ** alpha, the smallest stored priority, underflows to 0: {eps} ** {alpha}")
         self.alpha = float(alpha)
         self.eps = float(eps)
         self.beta = beta
-        self.sum_tree = SegmentTree(self.capacity, "sum", self.device)
-        self.min_tree = SegmentTree(self.capacity, "min", self.device)
+        # Leaves of both trees are the stored priorities; an unwritten slot holds 0 in the sum
+        # tree and inf in the min tree. Stored priorities are >= eps ** alpha > 0, so the sum
+        # tree's zero leaves are exactly the slots >= len(self), all after the last item.
+        self.sum_tree = SegmentTree(self.capacity, "sum", self.device, self.tree_arity, self.tree_top)
+        self.min_tree = SegmentTree(self.capacity, "min", self.device, self.tree_arity, self.tree_top)
         # A tensor, not a float, so that writing and updating never wait for the GPU.
         self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
 
@@ -109,40 +168,59 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def sample(self, batch_size: int) -> TensorDict:
         """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
         self._check_sample(batch_size)
-        offsets = torch.rand(batch_size, generator=self.generator, device=self.device, dtype=torch.float64)
-        segment = self.sum_tree.root / batch_size
-        mass = (torch.arange(batch_size, device=self.device, dtype=torch.float64) + offsets) * segment
-        # Rounding in the descent can step past the last filled leaf; empty leaves are all at the end.
+        # Draw i is uniform in [i, i + 1) * total / batch_size.
+        mass = torch.rand(batch_size, generator=self.generator, device=self.device, dtype=torch.float64)
+        mass.add_(torch.arange(batch_size, device=self.device, dtype=torch.float64))
+        mass.mul_(self.sum_tree.root / batch_size)
+        # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = self.sum_tree.find_prefix(mass).clamp_(max=len(self) - 1)
-        batch = self._gather(slots)
-        ratio = self.sum_tree.leaves(slots) / self.min_tree.root
-        batch["weight"] = ratio.pow(-self.beta).float()
-        return batch
+        weight = (self.sum_tree.leaves(slots) / self.min_tree.root).pow_(-self.beta)
+        return self._gather(slots, weight=weight.float())
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        """Set the priorities of sampled items from their raw |TD error| (one per index)."""
+        """Set the priorities of sampled items from their raw |TD error| (one per index).
+
+        All checks read back one small tensor (a single host sync on a GPU) before anything
+        is written, so bad input raises and changes nothing.
+        """
+        index = torch.as_tensor(index, device=self.device).reshape(-1)
         priority = torch.as_tensor(priority, device=self.device).detach().reshape(-1).to(torch.float64)
-        count = torch.as_tensor(index).numel()
-        if priority.numel() != count:
-            raise ValueError(f"got {count} indices but {priority.numel()} priorities")
-        if not bool(torch.isfinite(priority).all()):
-            raise ValueError("priorities must be finite; got NaN or inf")
-        if bool((priority < 0).any()):
-            raise ValueError("priorities must be >= 0 (pass the absolute TD error)")
-        slots, live = self._slots_of(index)
-        slots, priority = slots[live], priority[live]
-        if slots.numel() == 0:
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise ValueError(f"indices must be integers, got dtype {index.dtype}")
+        if priority.numel() != index.numel():
+            raise ValueError(f"got {index.numel()} indices but {priority.numel()} priorities")
+        if index.numel() == 0:
             return
-        # Keep the last value given for each slot: a stable sort keeps the order of equal slots.
-        order = torch.argsort(slots, stable=True)
-        ordered = slots[order]
-        is_last = torch.ones_like(ordered, dtype=torch.bool)
-        is_last[:-1] = ordered[1:] != ordered[:-1]
-        chosen = order[is_last]
-        stored = (priority[chosen] + self.eps).pow(self.alpha)
-        self.sum_tree.update(slots[chosen], stored)
-        self.min_tree.update(slots[chosen], stored)
-        self.max_priority = torch.maximum(self.max_priority, stored.max())
+        index = index.long()
+        # Row 0 bounds the indices, row 1 the priorities; NaN makes a priority's min and max NaN.
+        bounds = torch.stack(torch.stack([index.double(), priority]).aminmax(dim=1), dim=1)
+        (lowest, highest), (smallest, largest) = bounds.tolist()
+        if not (math.isfinite(smallest) and math.isfinite(largest)):
+            raise ValueError("priorities must be finite; got NaN or inf")
+        if smallest < 0:
+            raise ValueError("priorities must be >= 0 (pass the absolute TD error)")
+        if lowest < 0:
+            raise ValueError(f"negative indices: {index[index < 0].tolist()[:8]}")
+        if highest >= self.written:
+            raise ValueError(
+                f"indices never written (only {self.written} items so far): "
+                f"{index[index >= self.written].tolist()[:8]}"
+            )
+        first_live = self.written - self.capacity
+        if lowest < first_live:  # some items were overwritten since they were sampled: drop them
+            live = index >= first_live
+            index, priority = index[live], priority[live]
+            if index.numel() == 0:
+                return
+        # Last value wins: a stable sort lines up the copies of a slot in call order, and every
+        # copy takes the value of the last one (so the trees see only equal repeated writes).
+        slots, order = torch.sort(index.remainder(self.capacity), stable=True)
+        last = torch.searchsorted(slots, slots, right=True).sub_(1)  # last copy of each slot, in sorted order
+        value = priority.index_select(0, order.index_select(0, last))
+        stored = value.add_(self.eps).pow_(self.alpha)  # (|p| + eps) ** alpha, as p >= 0
+        self.sum_tree.update(slots, stored)
+        self.min_tree.update(slots, stored)
+        self.max_priority = torch.maximum(self.max_priority, stored.amax())
 
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -150,8 +228,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             alpha=self.alpha,
             beta=self.beta,
             eps=self.eps,
-            sum_tree=self.sum_tree.nodes.clone(),
-            min_tree=self.min_tree.nodes.clone(),
+            priority=self.sum_tree.levels[0][: self.capacity].clone(),  # 0 for slots never written
             max_priority=self.max_priority.clone(),
         )
         return state
@@ -159,6 +236,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
-        self.sum_tree.nodes.copy_(state["sum_tree"])
-        self.min_tree.nodes.copy_(state["min_tree"])
-        self.max_priority = state["max_priority"].to(self.device)
+        priority = state["priority"].to(self.device, torch.float64)
+        # The trees are a function of their leaves (no drift), so rebuilding them restores them exactly.
+        self.sum_tree.assign(priority)
+        written = torch.arange(self.capacity, device=self.device) < len(self)
+        self.min_tree.assign(torch.where(written, priority, math.inf))
+        self.max_priority = state["max_priority"].to(self.device, torch.float64).clone()

@@ -111,30 +111,17 @@ class ReplayBuffer:
         if self.written == 0:
             raise RuntimeError("cannot sample from an empty buffer: extend it first")
 
-    def _gather(self, slots: torch.Tensor) -> TensorDict:
+    def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
+        """The items in `slots`, plus "index" and any `extra` per-item tensors (e.g. "weight")."""
         batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
         batch["index"] = self._index_of(slots)
+        batch.update(extra)
         return TensorDict(batch, batch_size=[slots.numel()], device=self.device)
 
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
         """The write position of the item now in each slot: the latest k < written with k % capacity == slot."""
         last = self.written - 1
         return last - torch.remainder(last - slots, self.capacity)
-
-    def _slots_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Validate item indices; return (slots, mask of the indices whose item is still stored)."""
-        index = torch.as_tensor(index, device=self.device).reshape(-1)
-        if index.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-            raise ValueError(f"indices must be integers, got dtype {index.dtype}")
-        index = index.long()
-        if index.numel() and bool((index < 0).any()):
-            raise ValueError(f"negative indices: {index[index < 0].tolist()[:8]}")
-        if index.numel() and bool((index >= self.written).any()):
-            raise ValueError(
-                f"indices never written (only {self.written} items so far): "
-                f"{index[index >= self.written].tolist()[:8]}"
-            )
-        return index % self.capacity, index >= self.written - self.capacity
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
