@@ -1,0 +1,484 @@
+"""Replay-buffer speed: this repository's `buffers` against TorchRL, measured in the same process.
+
+Two cases, each with a full buffer (the ring wraps on every extend):
+    (a) "vector": obs/next_obs float32[4], action int64, reward float32, terminated bool; capacity 1e6
+    (b) "atari":  obs/next_obs uint8[4, 84, 84], action, reward, terminated;            capacity 1e5
+Ops: extend 8 and 128 items, uniform sample, prioritized sample, and the PER loop
+(sample + priority update from random |TD errors|), batch size 256, one torch thread, median of
+repeated timings after a warm-up. The peer is TorchRL's TensorDict(Prioritized)ReplayBuffer over a
+LazyTensorStorage, the library's own fast path for TensorDicts.
+
+    /work/venv-peer/bin/python benchmarks/buffers.py            # full run, writes results/buffers.json
+    python benchmarks/buffers.py --quick                        # small capacities, a smoke test
+    python benchmarks/buffers.py --device cuda                  # our buffers on a GPU, case (a)
+
+TorchRL's compiled segment tree needs the torch it was built against (torchrl 0.14.1: torch 2.14.1),
+so the comparison runs in its own virtual environment; see benchmarks/README.md. Without TorchRL,
+or without its segment tree, ours are timed alone and the ratios read "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# `python benchmarks/buffers.py` puts benchmarks/ first on sys.path, where this very file would
+# shadow the `buffers` package; put the repository root there instead, so any venv finds it.
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != HERE]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import tensordict  # noqa: E402
+import torch  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+
+from buffers import PrioritizedReplayBuffer, ReplayBuffer  # noqa: E402
+
+BATCH = 256
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
+FILL_CHUNK_BYTES = 64 << 20  # prefill in pieces of about this size
+# Goals, as speed-up = torchrl time / our time, keyed by (op, case).
+GOALS = {("PER sample + update", "vector"): 1.5, ("PER sample + update", "atari"): 8.0,
+         ("uniform sample", "atari"): 5.0}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    capacity: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: torch.dtype
+
+    def batch(self, size: int, generator: torch.Generator) -> TensorDict:
+        """`size` random transitions (same layout for both libraries)."""
+
+        def observation() -> torch.Tensor:
+            if self.obs_dtype == torch.uint8:
+                return torch.randint(0, 256, (size, *self.obs_shape), dtype=torch.uint8, generator=generator)
+            return torch.randn((size, *self.obs_shape), generator=generator)
+
+        return TensorDict(
+            {
+                "obs": observation(),
+                "next_obs": observation(),
+                "action": torch.randint(0, 6, (size,), generator=generator),
+                "reward": torch.randn(size, generator=generator),
+                "terminated": torch.rand(size, generator=generator) < 0.01,
+            },
+            batch_size=[size],
+        )
+
+    @property
+    def item_bytes(self) -> int:
+        obs = int(np.prod(self.obs_shape)) * torch.empty((), dtype=self.obs_dtype).element_size()
+        return 2 * obs + 8 + 4 + 1
+
+
+# ---- the two libraries behind one small interface ------------------------------------------------
+
+
+class Ours:
+    library = "ours"
+
+    def __init__(self, capacity: int, prioritized: bool, device: torch.device):
+        if prioritized:
+            self.rb = PrioritizedReplayBuffer(
+                capacity, alpha=ALPHA, beta=BETA, eps=EPS, device=device, seed=0)
+        else:
+            self.rb = ReplayBuffer(capacity, device=device, seed=0)
+
+    def extend(self, data: TensorDict) -> None:
+        self.rb.extend(data)
+
+    def set_priorities(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        self.rb.update_priority(index, priority)
+
+    def sample(self) -> TensorDict:
+        return self.rb.sample(BATCH)
+
+    def sample_and_update(self, td_error: torch.Tensor) -> None:
+        batch = self.rb.sample(BATCH)
+        self.rb.update_priority(batch["index"], td_error)
+
+
+class TorchRL:
+    library = "torchrl"
+
+    def __init__(self, capacity: int, prioritized: bool, device: torch.device):
+        from torchrl.data import (
+            LazyTensorStorage,
+            TensorDictPrioritizedReplayBuffer,
+            TensorDictReplayBuffer,
+        )
+
+        storage = LazyTensorStorage(capacity, device=device)
+        if prioritized:
+            self.rb = TensorDictPrioritizedReplayBuffer(
+                alpha=ALPHA, beta=BETA, eps=EPS, storage=storage, batch_size=BATCH, priority_key="td_error"
+            )
+        else:
+            self.rb = TensorDictReplayBuffer(storage=storage, batch_size=BATCH)
+
+    def extend(self, data: TensorDict) -> None:
+        self.rb.extend(data)
+
+    def set_priorities(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        self.rb.update_priority(index, priority)
+
+    def sample(self) -> TensorDict:
+        return self.rb.sample()
+
+    def sample_and_update(self, td_error: torch.Tensor) -> None:
+        # rb.update_priority(index, priority) is TorchRL's public per-index update; it measured about
+        # 5% faster than setting batch["td_error"] and calling rb.update_tensordict_priority(batch),
+        # which reduces the key and then makes this same call.
+        batch = self.rb.sample()
+        self.rb.update_priority(batch["index"], td_error)
+
+
+def torchrl_status(device: torch.device) -> tuple[str | None, bool, bool, str]:
+    """(version, uniform usable, prioritized usable, message) for TorchRL on `device`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            import torchrl
+            from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer  # noqa: F401
+        except Exception as err:  # ImportError, or a torch/torchrl ABI mismatch
+            return None, False, False, (
+                f"TorchRL is not importable here ({type(err).__name__}: {err}); timing our buffers "
+                "alone, ratios are n/a. See benchmarks/README.md for the venv with torch==2.14.1 and "
+                "torchrl==0.14.1.")
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its storages log at INFO
+    tiny = Case("probe", 16, (4,), torch.float32).batch(8, torch.Generator().manual_seed(0))
+    reasons = {}
+    for prioritized in (False, True):
+        try:
+            rb = TorchRL(16, prioritized, device)
+            rb.extend(tiny.to(device))
+            if prioritized:
+                rb.sample_and_update(torch.rand(BATCH, device=device))
+            else:
+                rb.sample()
+        except Exception as err:
+            reasons[prioritized] = f"{type(err).__name__}: {err}"
+    message = f"TorchRL {torchrl.__version__} on {device}"
+    if True in reasons:
+        hint = ""
+        if "SegmentTree" in reasons[True]:
+            import_warnings = "; ".join(str(w.message).splitlines()[0] for w in caught)[:300]
+            hint = (" TorchRL's compiled segment tree did not load: it needs the exact torch it was built "
+                    "against (torchrl 0.14.1 -> torch 2.14.1); see benchmarks/README.md."
+                    + (f" Import warnings: {import_warnings}" if import_warnings else ""))
+        message += (f": its prioritized buffer does not work here ({reasons[True]}).{hint} "
+                    "Timing our PER buffer alone; PER ratios are n/a.")
+    if False in reasons:
+        message += f" Its uniform buffer does not work either ({reasons[False]}); uniform ratios are n/a."
+    return torchrl.__version__, False not in reasons, True not in reasons, message
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+
+
+def stats_us(times: list[tuple[float, float]]) -> dict:
+    """Median and quartiles, in microseconds, of both clocks over (wall, thread cpu) samples."""
+    out: dict = {"repeats": len(times)}
+    for clock, values in zip(("wall", "cpu"), zip(*times, strict=True), strict=True):
+        q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        out[clock] = {"median_us": median * 1e6, "q1_us": q1 * 1e6, "q3_us": q3 * 1e6}
+    return out
+
+
+def time_interleaved(ops: dict[str, Callable[[int], object]], sync: Callable[[], None], budget_s: float,
+                     min_repeats: int = 30, max_repeats: int = 300, rounds: int = 10,
+                     ) -> dict[str, list[tuple[float, float]]]:
+    """Per-call (wall, thread CPU) times in seconds of each library's op, after a warm-up.
+
+    Wall time is time.perf_counter. Thread CPU time (time.thread_time) leaves out the time this
+    thread spent preempted by other processes, so it stays meaningful on a busy machine (with one
+    torch thread all of an op's CPU work runs in this thread; on CUDA it means nothing).
+    When several libraries are timed together, their calls alternate in `rounds` blocks (which one
+    goes first alternates too), so a change in background load hits all of them alike.
+    `op(i)` gets the call number so that callers can rotate pre-built inputs.
+    """
+    repeats = {}
+    for name, op in ops.items():
+        start, warm = time.perf_counter(), 0
+        while warm < 5 or (time.perf_counter() - start < 0.1 * budget_s and warm < 50):
+            op(warm)
+            sync()
+            warm += 1
+        per_call = (time.perf_counter() - start) / warm
+        repeats[name] = int(min(max_repeats, max(min_repeats, budget_s / max(per_call, 1e-9))))
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in ops}
+    order = list(ops)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            op, done = ops[name], len(times[name])
+            for i in range(done, repeats[name] * (r + 1) // rounds):
+                c0, t0 = time.thread_time(), time.perf_counter()
+                op(i)
+                sync()
+                t1, c1 = time.perf_counter(), time.thread_time()
+                times[name].append((t1 - t0, c1 - c0))
+    return times
+
+
+def prefill(rb, case: Case, device: torch.device, generator: torch.Generator) -> None:
+    """Fill to capacity, one chunk at a time (a few chunks are reused so filling stays cheap)."""
+    chunk = max(1, min(case.capacity, FILL_CHUNK_BYTES // case.item_bytes))
+    pieces = [case.batch(chunk, generator).to(device) for _ in range(2)]
+    written = 0
+    while written < case.capacity:
+        size = min(chunk, case.capacity - written)
+        piece = pieces[(written // chunk) % len(pieces)]
+        rb.extend(piece if size == chunk else piece[:size])
+        written += size
+
+
+def measure(libraries: list, case: Case, prioritized: bool, device: torch.device, budget_s: float,
+            sync: Callable[[], None]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Build and fill one buffer per library, time their ops side by side: {library: {op: times}}.
+
+    The buffers are freed when this returns (the caller collects).
+    """
+    kind = "PER" if prioritized else "uniform"
+    buffers, inputs, td_errors = {}, {}, {}
+    for lib in libraries:
+        generator = torch.Generator().manual_seed(1)  # the same data for every library
+        t0 = time.perf_counter()
+        rb = buffers[lib.library] = lib(case.capacity, prioritized, device)
+        prefill(rb, case, device, generator)
+        if prioritized:  # a realistic, non-flat priority landscape, the same for every library
+            priority = torch.rand(case.capacity, generator=generator).pow(4).to(device)
+            rb.set_priorities(torch.arange(case.capacity, device=device), priority)
+        sync()
+        print(f"  {lib.library:>7} {kind:>7} {case.name}: filled {case.capacity:,} items in "
+              f"{time.perf_counter() - t0:.1f}s", flush=True)
+        inputs[lib.library] = {size: [case.batch(size, generator).to(device) for _ in range(4)]
+                               for size in (8, 128)}
+        td_errors[lib.library] = [torch.rand(BATCH, generator=generator).to(device) for _ in range(8)]
+
+    def extend(name: str, size: int) -> Callable[[int], object]:
+        return lambda i: buffers[name].extend(inputs[name][size][i % 4])
+
+    def per_loop(name: str) -> Callable[[int], object]:
+        return lambda i: buffers[name].sample_and_update(td_errors[name][i % 8])
+
+    op_makers: dict[str, Callable[[str], Callable[[int], object]]] = {
+        f"{kind} extend 8": lambda name: extend(name, 8),
+        f"{kind} extend 128": lambda name: extend(name, 128),
+        f"{kind} sample": lambda name: lambda i: buffers[name].sample(),
+    }
+    if prioritized:
+        op_makers["PER sample + update"] = per_loop
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {name: {} for name in buffers}
+    for op, make in op_makers.items():
+        timed = time_interleaved({name: make(name) for name in buffers}, sync, budget_s)
+        for name, times in timed.items():
+            results[name][op] = times
+        print(f"    {op:<20} " + "  ".join(f"{name} {1e6 * statistics.median(w for w, _ in t):9.1f}us"
+                                           for name, t in timed.items()), flush=True)
+    return results
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- reporting -------------------------------------------------------------------------------------
+
+
+def machine_info(device: torch.device, torchrl_version: str | None) -> dict:
+    cpu_model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                             cpu_model)
+    except OSError:
+        pass
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "tensordict": tensordict.__version__,
+        "numpy": np.__version__,
+        "torchrl": torchrl_version,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def format_table(rows: list[dict], clock: str) -> str:
+    header = ("op", "case", "ours (us)", "torchrl (us)", "speed-up", "goal")
+    lines = []
+    for r in rows:
+        ours, theirs, ratio = r[clock]["ours_us"], r[clock]["torchrl_us"], r[clock]["speedup"]
+        goal = ""
+        if r["goal"] is not None:
+            verdict = "n/a" if ratio is None else ("met" if ratio >= r["goal"] else "MISSED")
+            goal = f">= {r['goal']}x {verdict}"
+        lines.append((r["op"], r["case"], f"{ours:.1f}", "n/a" if theirs is None else f"{theirs:.1f}",
+                      "n/a" if ratio is None else f"{ratio:.2f}x", goal))
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
+    fmt = " | ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*header), "-+-".join("-" * w for w in widths)]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def goal_summary(rows: list[dict], clock: str) -> str:
+    goals = [r for r in rows if r["goal"] is not None]
+    ratios = [r[clock]["speedup"] for r in goals]
+    if all(x is None for x in ratios):
+        return "goals (speed-up = torchrl / ours): n/a, no TorchRL timings"
+    met = sum(x is not None and x >= r["goal"] for x, r in zip(ratios, goals, strict=True))
+    return (f"goals (speed-up = torchrl / ours): {met} of {len(goals)} met"
+            + ("" if None not in ratios else " (some n/a: no TorchRL timing)"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: our buffers on the GPU, case (a) only")
+    parser.add_argument("--quick", action="store_true",
+                        help="small capacities and short timings (smoke test)")
+    parser.add_argument("--out", default=None,
+                        help="JSON path; default benchmarks/results/buffers.json (buffers_cuda.json with "
+                             "--device cuda); --quick writes nothing unless --out is given")
+    parser.add_argument("--no-torchrl", action="store_true", help="time our buffers only")
+    parser.add_argument("--max-together-gb", type=float, default=2.0,
+                        help="keep both libraries' buffers alive together (calls interleaved) when their "
+                             "storage fits in this many GB; otherwise one library after the other")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device is available to this torch build")
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clocks = ["wall"] if device.type == "cuda" else ["wall", "cpu"]
+
+    cases = [Case("vector", 10**6, (4,), torch.float32), Case("atari", 10**5, (4, 84, 84), torch.uint8)]
+    if device.type == "cuda":
+        cases = cases[:1]
+    if args.quick:
+        cases = [Case(c.name, c.capacity // 100, c.obs_shape, c.obs_dtype) for c in cases]
+    budget_s = 0.15 if args.quick else 1.0
+
+    if args.no_torchrl:
+        torchrl_version, uniform_ok, per_ok, message = None, False, False, "TorchRL skipped (--no-torchrl)."
+    else:
+        torchrl_version, uniform_ok, per_ok, message = torchrl_status(device)
+    print(message)
+    info = machine_info(device, torchrl_version)
+    load_before = os.getloadavg()
+    print(f"torch {info['torch']}, tensordict {info['tensordict']}, {info['cpu_count']} CPUs "
+          f"({info['cpu_model']}), {info['torch_threads']} torch thread, batch {BATCH}, device {device}, "
+          f"load average {load_before[0]:.2f}\n")
+
+    rows = []
+    for case in cases:
+        raw: dict[str, dict[str, list[tuple[float, float]]]] = {"ours": {}, "torchrl": {}}
+        # Both libraries' buffers live side by side (and their calls interleave) when they fit in
+        # memory together. Otherwise (the atari case, ~5.6 GB per library) they run one after the
+        # other as ours, torchrl, ours, and our two passes are pooled, so that a drift in
+        # background load over the run biases neither side.
+        together = 2 * case.capacity * case.item_bytes <= args.max_together_gb * 2**30
+        for prioritized in (False, True):
+            libraries = [Ours] + ([TorchRL] if (per_ok if prioritized else uniform_ok) else [])
+            groups = [libraries] if together or len(libraries) == 1 else [[Ours], [TorchRL], [Ours]]
+            for group in groups:
+                for name, ops in measure(group, case, prioritized, device, budget_s, sync).items():
+                    for op, times in ops.items():
+                        raw[name].setdefault(op, []).extend(times)
+                free_memory(device)
+        timings = {name: {op: stats_us(times) for op, times in ops.items()} for name, ops in raw.items()}
+        for op, ours in timings["ours"].items():
+            theirs = timings["torchrl"].get(op)
+            row = {"op": op, "case": case.name, "capacity": case.capacity, "goal": GOALS.get((op, case.name))}
+            for clock in clocks:
+                mine = ours[clock]["median_us"]
+                other = None if theirs is None else theirs[clock]["median_us"]
+                row[clock] = {"ours_us": mine, "torchrl_us": other,
+                              "speedup": None if other is None else other / mine}
+            row["ours"], row["torchrl"] = ours, theirs
+            rows.append(row)
+    load_after = os.getloadavg()
+
+    tables = {}
+    for clock in clocks:
+        tables[clock] = format_table(rows, clock)
+        title = ("wall time (time.perf_counter), median per call" if clock == "wall" else
+                 "thread CPU time (time.thread_time), median per call: the same calls, less any time "
+                 "spent preempted by other processes")
+        print(f"\n{title}\n{tables[clock]}\n{goal_summary(rows, clock)}")
+    busy = max(load_before[0], load_after[0]) > 0.75 * (os.cpu_count() or 1)
+    if busy and "cpu" in clocks:
+        print(f"\nnote: the machine was busy (load average {load_before[0]:.2f} -> {load_after[0]:.2f} on "
+              f"{os.cpu_count()} CPUs); wall-clock medians then include preemption, which hits long calls "
+              "more often than short ones. Trust the thread-CPU-time table, or rerun on a quiet machine.")
+
+    out = args.out
+    if out is None and not args.quick:
+        out = HERE / "results" / ("buffers_cuda.json" if device.type == "cuda" else "buffers.json")
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        goals = [r for r in rows if r["goal"] is not None]
+        result = {
+            "benchmark": "replay buffers: extend / sample / PER sample + update, ours vs TorchRL",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "machine": {**info, "load_average_before": load_before, "load_average_after": load_after},
+            "settings": {
+                "batch_size": BATCH, "alpha": ALPHA, "beta": BETA, "eps": EPS, "quick": args.quick,
+                "statistic": "median per call after warm-up, microseconds; 'wall' = time.perf_counter, "
+                             "'cpu' = time.thread_time (leaves out time preempted by other processes)",
+                "interleaving": "libraries alternate in blocks when both buffers fit in memory together "
+                                f"(<= {args.max_together_gb} GB); otherwise ours, torchrl, ours (pooled)",
+                "cases": {c.name: {"capacity": c.capacity, "obs_shape": list(c.obs_shape),
+                                   "obs_dtype": str(c.obs_dtype), "bytes_per_item": c.item_bytes}
+                          for c in cases},
+                "ours_setup": "ReplayBuffer(capacity) / PrioritizedReplayBuffer(capacity, alpha=0.6, "
+                              "beta=0.4, eps=1e-6); sample(256); update_priority(batch['index'], td_error)",
+                "torchrl_setup": "TensorDict(Prioritized)ReplayBuffer(storage=LazyTensorStorage(capacity), "
+                                 "batch_size=256, alpha=0.6, beta=0.4, eps=1e-6, priority_key='td_error'); "
+                                 "sample(); update_priority(batch['index'], td_error) (about 5% faster than "
+                                 "update_tensordict_priority). Its priority trees are float32 (the default), "
+                                 "ours float64.",
+            },
+            "torchrl_status": message,
+            "speedup_definition": "torchrl_us / ours_us (> 1: ours is faster)",
+            "results": rows,
+            "goals": [{"op": r["op"], "case": r["case"], "goal": r["goal"],
+                       **{f"speedup_{clock}": r[clock]["speedup"] for clock in clocks},
+                       **{f"met_{clock}": None if r[clock]["speedup"] is None
+                          else r[clock]["speedup"] >= r["goal"] for clock in clocks}} for r in goals],
+            "tables": {clock: table.splitlines() for clock, table in tables.items()},
+        }
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
