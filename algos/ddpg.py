@@ -207,15 +207,16 @@ def critic_update(batch: TensorDict, qf: nn.Module, optimizer: torch.optim.Optim
     obs, next_obs = obs_norm(batch["obs"]), obs_norm(batch["next_obs"])
     target = td_target(actor_target, qf_target, args.reward_scale * batch["reward"], next_obs, batch["discount"])
     q = qf(obs, batch["action"])
+    metrics = {"qf_values": q.detach()}
     if args.prioritized:  # importance weights undo the bias of prioritized sampling (Schaul et al. 2016)
         td_error = q - target
-        loss, priority = (batch["weight"] * td_error.square()).mean(), td_error.detach().abs()
+        loss, metrics["priority"] = (batch["weight"] * td_error.square()).mean(), td_error.detach().abs()
     else:  # one fused op forward and backward: small batches are bound by the count of ops, not FLOPs
-        loss, priority = F.mse_loss(q, target), None
+        loss = F.mse_loss(q, target)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return {"qf_loss": loss.detach(), "qf_values": q.detach(), "priority": priority}
+    return metrics | {"qf_loss": loss.detach()}
 
 
 def actor_update(batch: TensorDict, actor: nn.Module, optimizer: torch.optim.Optimizer, qf: nn.Module,
@@ -245,11 +246,11 @@ def check_args(args: Args) -> None:
                  "n_step", "eval_episodes"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not (0.0 < args.tau <= 1.0 and args.updates_per_step > 0 and 0.0 <= args.beta_start <= 1.0):
-        fail(f"need 0 < --tau <= 1, --updates-per-step > 0 and 0 <= --beta-start <= 1; got {args.tau}, "
-             f"{args.updates_per_step}, {args.beta_start}")
-    if args.exploration_noise < 0 or args.noise_final_scale < 0:
-        fail("--exploration-noise and --noise-final-scale must be >= 0")
+    if not (0 < args.tau <= 1 and args.updates_per_step > 0 and 0 <= args.beta_start <= 1
+            and args.exploration_noise >= 0 and args.noise_final_scale >= 0):
+        fail("need 0 < --tau <= 1, --updates-per-step > 0, 0 <= --beta-start <= 1, --exploration-noise >= 0 and "
+             f"--noise-final-scale >= 0; got {args.tau}, {args.updates_per_step}, {args.beta_start}, "
+             f"{args.exploration_noise}, {args.noise_final_scale}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
 
@@ -261,8 +262,8 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.threads)
-    # Adam's moments of dead ReLU units decay into subnormal floats, which x86 CPUs compute
-    # on slowly (Adam steps took 2-4x longer); flushing them to zero changes nothing that matters.
+    # Adam's moments of dead ReLU units decay into subnormal floats, which x86 CPUs compute on
+    # slowly (Adam steps took 2x longer on Pendulum); flushing them to zero changes nothing that matters.
     torch.set_flush_denormal(True)
     device = select_device(args.cuda)
     try:
@@ -280,10 +281,8 @@ def main(args: Args) -> dict:
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
     qf_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
     obs_norm = RunningMeanStd(obs_space.shape).to(device) if args.normalize_obs else nn.Identity()
-    if args.prioritized:
-        rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed)
-    else:
-        rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed)
+    rb = (PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed)
+          if args.prioritized else ReplayBuffer(args.buffer_size, device=device, seed=args.seed))
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs) if args.n_step > 1 else None
     recorder = TransitionRecorder(args.num_envs)
     noise = ExplorationNoise(args.noise, (args.num_envs, *action_space.shape), args.exploration_noise,
@@ -317,8 +316,7 @@ def main(args: Args) -> dict:
     # the fraction of an update that updates_per_step left over, so 0.5 means one update every 2 steps.
     obs, _ = env.reset(seed=args.seed)
     global_step, updates, credit, recent, losses = 0, 0, 0.0, [], {}
-    start, eval_time = time.time(), 0.0
-    interrupted = False
+    start, eval_time, interrupted = time.time(), 0.0, False
     try:
         while global_step < args.total_timesteps:
             if args.normalize_obs:

@@ -219,7 +219,7 @@ def main(args: Args) -> dict:
     if args.cudagraphs and device.type == "cuda":
         from tensordict.nn import CudaGraphModule
 
-        update = CudaGraphModule(update, warmup=5)
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
 
     def act(obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         explore = rng.random(len(obs)) < epsilon

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,20 +12,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests.algo_utils import ROOT, load_algo
 from tracking import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_ddpg():
-    spec = importlib.util.spec_from_file_location("ddpg", ROOT / "algos" / "ddpg.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ddpg"] = module  # dataclasses look the module up while building Args
-    spec.loader.exec_module(module)
-    return module
-
-
-ddpg = _load_ddpg()
+ddpg = load_algo("ddpg")
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
 
@@ -39,10 +27,11 @@ def _offline(monkeypatch):
 
 @pytest.fixture
 def threads():
-    """Restore torch's thread count after a run: main() sets it from --threads."""
+    """Restore the process-wide torch settings main() changes: thread count and flush-to-zero."""
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+    torch.set_flush_denormal(False)  # torch's default
 
 
 def smoke_args(env: str, run_name: str, **overrides) -> ddpg.Args:
