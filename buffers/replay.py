@@ -24,6 +24,7 @@ class ReplayBuffer:
         self.capacity = int(capacity)
         self.device = torch.device(device)
         self.storage: TensorDict | None = None
+        self._stored_layout: dict | None = None  # {key: (item shape, dtype)} of the storage
         self.written = 0  # items written since creation; the next item's index
         self.generator = torch.Generator(device=self.device)
         if seed is None:
@@ -51,6 +52,7 @@ class ReplayBuffer:
             if size == 0:
                 return torch.empty(0, dtype=torch.int64, device=self.device)
             self.storage = self._allocate(data)
+            self._stored_layout = _layout(self.storage)
         else:
             self._check_layout(data)
         if size == 0:
@@ -79,19 +81,21 @@ class ReplayBuffer:
         )
 
     def _check_layout(self, data: TensorDict) -> None:
-        stored = set(self.storage.keys(True, True))
-        given = set(data.keys(True, True))
-        if stored != given:
+        """Raise, naming what differs, unless `data` has the stored keys, item shapes and dtypes."""
+        given = _layout(data)
+        if given == self._stored_layout:  # the common case: one pass over the batch, no lookups
+            return
+        stored = self._stored_layout
+        if stored.keys() != given.keys():
             raise ValueError(
-                f"batch keys differ from the stored ones: missing {sorted(map(str, stored - given))}, "
-                f"unexpected {sorted(map(str, given - stored))}"
+                f"batch keys differ from the stored ones: missing {sorted(map(str, stored.keys() - given.keys()))}, "
+                f"unexpected {sorted(map(str, given.keys() - stored.keys()))}"
             )
-        for key in stored:
-            want, got = self.storage.get(key), data.get(key)
-            if want.shape[1:] != got.shape[1:] or want.dtype != got.dtype:
+        for key, (shape, dtype) in stored.items():
+            if given[key] != (shape, dtype):
                 raise ValueError(
-                    f"key {key!r}: batch has item shape {tuple(got.shape[1:])} and dtype {got.dtype}, "
-                    f"the buffer stores {tuple(want.shape[1:])} and {want.dtype}"
+                    f"key {key!r}: batch has item shape {tuple(given[key][0])} and dtype {given[key][1]}, "
+                    f"the buffer stores {tuple(shape)} and {dtype}"
                 )
 
     def _on_write(self, slots: torch.Tensor) -> None:
@@ -141,5 +145,11 @@ class ReplayBuffer:
         # Copy, so that this buffer and the one the state came from never share memory.
         self.storage = None if storage is None else TensorDict(
             storage, batch_size=[self.capacity]).to(self.device).clone()
+        self._stored_layout = None if self.storage is None else _layout(self.storage)
         self.written = int(state["written"])
         self.generator.set_state(state["generator"])
+
+
+def _layout(data: TensorDict) -> dict:
+    """{key: (item shape, dtype)} of a batch: what must match the stored tensors."""
+    return {key: (value.shape[1:], value.dtype) for key, value in data.items(True, True)}
