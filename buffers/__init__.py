@@ -12,8 +12,8 @@
     rb.extend(nstep.push(step))         # step: TensorDict [8] of one vector-env step
 """
 
-from buffers.nstep import NStepReturns
-from buffers.prioritized import PrioritizedReplayBuffer, SegmentTree
-from buffers.replay import ReplayBuffer
+from .nstep import NStepReturns
+from .prioritized import PrioritizedReplayBuffer, SegmentTree
+from .replay import ReplayBuffer
 
 __all__ = ["NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]

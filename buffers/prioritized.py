@@ -24,7 +24,7 @@ from itertools import pairwise
 import torch
 from tensordict import TensorDict
 
-from buffers.replay import ReplayBuffer
+from .replay import ReplayBuffer
 
 
 class SegmentTree:
