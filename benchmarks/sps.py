@@ -29,13 +29,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tests.algo_utils import load_algo  # noqa: E402
-from tracking import load_config  # noqa: E402
 
 
 def ours_dqn(steps: int, seed: int) -> dict:
     dqn = load_algo("dqn")
-    config = load_config(ROOT / "configs/dqn/cartpole.yaml", dqn.Args)
-    args = dataclasses.replace(dqn.Args(**config), total_timesteps=steps, seed=seed, cuda=False, loss="huber",
+    config = dqn.parse_args(["--config", str(ROOT / "configs/dqn/cartpole.yaml")])
+    args = dataclasses.replace(config, total_timesteps=steps, seed=seed, cuda=False, loss="huber",
                                run_name=f"sps-dqn-{seed}-{int(time.time())}")
     with tempfile.TemporaryDirectory() as tmp:
         cwd = os.getcwd()
@@ -55,7 +54,7 @@ def sb3_dqn(steps: int, seed: int) -> dict:
     from stable_baselines3.common.evaluation import evaluate_policy
 
     dqn = load_algo("dqn")
-    c = dqn.Args(**load_config(ROOT / "configs/dqn/cartpole.yaml", dqn.Args))
+    c = dqn.parse_args(["--config", str(ROOT / "configs/dqn/cartpole.yaml")])
     model = DQN(
         "MlpPolicy", gym.make("CartPole-v1"), learning_rate=c.learning_rate, buffer_size=c.buffer_size,
         learning_starts=c.learning_starts, batch_size=c.batch_size, tau=c.tau, gamma=c.gamma,

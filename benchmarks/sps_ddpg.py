@@ -35,7 +35,6 @@ import torch  # noqa: E402
 
 from envs import evaluate  # noqa: E402
 from tests.algo_utils import load_algo  # noqa: E402
-from tracking import load_config  # noqa: E402
 
 ENV = "Pendulum-v1"
 
@@ -96,7 +95,7 @@ def main() -> None:
     opts = parser.parse_args()
 
     ddpg = load_algo("ddpg")
-    config = {**dataclasses.asdict(ddpg.Args()), **load_config(opts.config, ddpg.Args)}
+    config = dataclasses.asdict(ddpg.parse_args(["--config", str(opts.config)]))
     config.pop("config")
     if config["env"] != ENV:
         raise SystemExit(f"{opts.config} is for {config['env']}; this benchmark runs {ENV}")

@@ -15,5 +15,6 @@
 from .nstep import NStepReturns
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
+from .returns import lambda_returns
 
-__all__ = ["NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]
+__all__ = ["lambda_returns", "NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]

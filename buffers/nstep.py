@@ -72,3 +72,16 @@ class NStepReturns:
         self.age[done] = 0
         self.t += 1
         return ready
+
+    def state_dict(self) -> dict:
+        """The windows in flight: the ring of the last n steps, each env's episode age and the step count."""
+        return {"n": self.n, "gamma": self.gamma, "num_envs": self.num_envs, "t": self.t, "age": self.age.clone(),
+                "ring": None if self.ring is None else self.ring.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["n"], state["gamma"], state["num_envs"]) != (self.n, self.gamma, self.num_envs):
+            raise ValueError(f"state is for n={state['n']}, gamma={state['gamma']}, num_envs={state['num_envs']}; "
+                             f"this has n={self.n}, gamma={self.gamma}, num_envs={self.num_envs}")
+        ring = state["ring"]
+        self.ring = None if ring is None else TensorDict(ring, batch_size=[self.n, self.num_envs]).clone()
+        self.age, self.t = state["age"].clone(), int(state["t"])

@@ -131,8 +131,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps: float = 1e-6,
         device: str | torch.device = "cpu",
         seed: int | None = None,
+        frame_stack: int = 0,
     ):
-        super().__init__(capacity, device, seed)
+        super().__init__(capacity, device, seed, frame_stack)
         if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not eps > 0:

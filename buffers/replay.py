@@ -18,7 +18,9 @@ from tensordict import TensorDict
 class ReplayBuffer:
     """Uniform replay over a TensorDict of preallocated tensors on `device` (CPU or CUDA)."""
 
-    def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None):
+    def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None,
+                 frame_stack: int = 0):
+        self.frame_stack = int(frame_stack)  # TEMPORARY placeholder until frame storage lands
         if int(capacity) <= 0:
             raise ValueError(f"capacity must be a positive integer, got {capacity}")
         self.capacity = int(capacity)
@@ -71,6 +73,10 @@ class ReplayBuffer:
         self._on_write(index % self.capacity)
         self.written += size
         return index
+
+    def add_frames(self, step: TensorDict) -> TensorDict:
+        """TEMPORARY placeholder until frame storage lands: the step unchanged."""
+        return step
 
     def _allocate(self, data: TensorDict) -> TensorDict:
         # torch.empty leaves pages untouched until written, so a large buffer costs memory as it fills.

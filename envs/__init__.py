@@ -10,8 +10,11 @@ A collection step in an algorithm file::
     rb.extend(td); obs = next_obs
 """
 
-from .evaluate import evaluate
+from .evaluate import check_video, evaluate
 from .make import is_atari, make_vector_env
+from .normalize import RunningMeanStd
 from .recorder import TransitionRecorder
+from .state import env_state, load_env_state
 
-__all__ = ["TransitionRecorder", "evaluate", "is_atari", "make_vector_env"]
+__all__ = ["RunningMeanStd", "TransitionRecorder", "check_video", "env_state", "evaluate", "is_atari",
+           "load_env_state", "make_vector_env"]

@@ -22,12 +22,16 @@ def evaluate(
     *,
     num_envs: int = 1,
     video_dir: str | None = None,
+    abort: Callable[[], bool] | None = None,
 ) -> list[float]:
     """Raw (unclipped) returns of `episodes` episodes of `policy` (batch of obs -> batch of actions).
 
     Sub-env i plays a fixed share of the episodes (the first ones it finishes), so the result
     does not favour short episodes as "whichever episodes end first" would; returns come in the
     order the episodes ended, which is deterministic for a given seed and policy.
+
+    `abort`, if given, is asked before every step; when it returns True the evaluation stops by
+    raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
 
     With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`:
     `env.render()` frames for gymnasium envs (the terminal frame is missing: in SAME_STEP mode
@@ -49,6 +53,8 @@ def evaluate(
         if recording:
             frames.append(_frame(env, obs, atari))
         while quota.any():
+            if abort is not None and abort():  # e.g. a signal arrived: the caller catches KeyboardInterrupt
+                raise KeyboardInterrupt
             obs, reward, terminated, truncated, info = env.step(policy(obs))
             done = terminated | truncated
             if recording and done[0]:
@@ -76,8 +82,8 @@ def _frame(env: Any, obs: np.ndarray, atari: bool) -> np.ndarray:
         return env.render()[0]
     except Exception as e:  # MuJoCo raises several error types when it has no OpenGL context
         raise RuntimeError(
-            f"Rendering failed ({e}). Headless MuJoCo needs an OpenGL backend: set MUJOCO_GL=egl "
-            "(or MUJOCO_GL=osmesa)."
+            f"rendering failed ({e}): classic control needs pygame (pip install -e \".[video]\"); "
+            "headless MuJoCo needs an OpenGL backend: set MUJOCO_GL=egl (or MUJOCO_GL=osmesa)"
         ) from e
 
 
@@ -92,3 +98,20 @@ def _write_mp4(path: str, frames: list[np.ndarray], fps: float) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     # macro_block_size=2 pads odd sizes for yuv420p without resizing 84x84 Atari frames to 96x96
     imageio.mimwrite(path, frames, fps=fps, macro_block_size=2)
+
+
+def check_video(env_id: str) -> None:
+    """Raise, saying what to install or set, unless an evaluation video of `env_id` can be written."""
+    try:
+        import imageio  # noqa: F401
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError as e:
+        raise ImportError('videos need imageio and imageio-ffmpeg: pip install -e ".[video]"') from e
+    if is_atari(env_id):  # frames come from the observations
+        return
+    env = make_vector_env(env_id, 1, 0, training=False, render_mode="rgb_array")
+    try:
+        env.reset(seed=0)
+        _frame(env, None, atari=False)
+    finally:
+        env.close()

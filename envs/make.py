@@ -52,8 +52,11 @@ def _env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 
 def is_atari(env_id: str) -> bool:
-    """Whether `env_id` is an ale-py game, built with `AtariVectorEnv` and DQN preprocessing."""
-    return _env_spec(env_id).entry_point == "ale_py.env:AtariEnv"
+    """Whether `env_id` is an ale-py game, built with `AtariVectorEnv` and DQN preprocessing (False if unknown)."""
+    try:
+        return _env_spec(env_id).entry_point == "ale_py.env:AtariEnv"
+    except ValueError:
+        return False
 
 
 class LifeLossInfo(VectorWrapper):
