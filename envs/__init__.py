@@ -8,10 +8,14 @@ A collection step in an algorithm file::
     next_obs, reward, terminated, truncated, info = env.step(action)
     td, finished = rec.record(obs, action, reward, next_obs, terminated, truncated, info)
     rb.extend(td); obs = next_obs
+
+Exact resume: `env_state(env)` / `load_env_state(env, state)` (see envs/state.py),
+`TransitionRecorder.state_dict()` / `load_state_dict()`.
 """
 
 from .evaluate import evaluate
 from .make import is_atari, make_vector_env
 from .recorder import TransitionRecorder
+from .state import env_state, load_env_state
 
-__all__ = ["TransitionRecorder", "evaluate", "is_atari", "make_vector_env"]
+__all__ = ["TransitionRecorder", "env_state", "evaluate", "is_atari", "load_env_state", "make_vector_env"]
