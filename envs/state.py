@@ -97,8 +97,6 @@ def load_env_state(env: VectorEnv, state: dict[str, Any]) -> np.ndarray | None:
                 f"and {value!r} here."
             )
     layers = _vector_layers(env)
-    if state["exact"] != (not _is_atari(layers[-1])):
-        raise ValueError("The saved env state does not fit this env: one is an Atari vector env, the other not.")
     apply = []
     for name, encoded in state["spaces"].items():
         apply += _restore_attr(env, name, encoded, name)
