@@ -35,9 +35,10 @@ def evaluate(
     epsilon-greedy policy must draw from its own seeded generator).
 
     `max_episode_steps` caps each episode at that many agent steps (default: 27,000 on Atari,
-    ATARI_MAX_EPISODE_STEPS, so a policy that never presses FIRE cannot stall evaluation beyond
-    that; otherwise only the env's own time limit). A capped episode counts as truncated: its
-    return so far is reported and that sub-env is reset.
+    ATARI_MAX_EPISODE_STEPS, the same as ale-py's own 108,000-frame limit, so a policy that never
+    presses FIRE stalls one episode for at most that; otherwise only the env's own time limit).
+    Pass less for quick periodic evaluations. A capped episode counts as truncated: its return
+    so far is reported and that sub-env is reset.
 
     With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`:
     `env.render()` frames for gymnasium envs (the terminal frame is missing: in SAME_STEP mode
