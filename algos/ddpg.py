@@ -10,7 +10,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -214,8 +214,7 @@ class Run:
             self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
                                     name=args.run_name, config=asdict(args), dir=str(self.dir), save_code=True,
                                     id=resumed and resumed["wandb_id"], resume="must" if resumed else None)
-        print(f"{'resuming' if resumed else 'run'} {self.dir} on {device}: " + ", ".join(
-            f"{f.name}={getattr(args, f.name)}" for f in fields(args) if getattr(args, f.name) != f.default))
+        print(f"{'resuming' if resumed else 'run'} {self.dir} on {device}, settings in {self.dir / 'config.yaml'}")
         self.bar = tqdm(total=args.total_timesteps, initial=resumed["counts"][0] if resumed else 0, unit="step",
                         mininterval=1.0, disable=not sys.stderr.isatty())
 
@@ -301,7 +300,7 @@ def main(args: Args) -> dict:
         try:
             for name, part in parts.items():
                 part.load_state_dict(resumed[name])
-            load_env_state(env, resumed["env"])
+            load_env_state(env, resumed["env"])  # exact for gymnasium's envs (continuous actions: no Atari)
             generators(noise.rng, resumed["generators"])
         except (KeyError, ValueError, RuntimeError) as e:
             fail(f"cannot resume from {args.resume}: {e}")

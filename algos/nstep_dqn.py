@@ -11,7 +11,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -217,8 +217,7 @@ class Run:
             self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
                                     name=args.run_name, config=asdict(args), dir=str(self.dir), save_code=True,
                                     id=resumed and resumed["wandb_id"], resume="must" if resumed else None)
-        print(f"{'resuming' if resumed else 'run'} {self.dir} on {device}: " + ", ".join(
-            f"{f.name}={getattr(args, f.name)}" for f in fields(args) if getattr(args, f.name) != f.default))
+        print(f"{'resuming' if resumed else 'run'} {self.dir} on {device}, settings in {self.dir / 'config.yaml'}")
         self.bar = tqdm(total=args.total_timesteps, initial=resumed["counts"][0] if resumed else 0, unit="step",
                         mininterval=1.0, disable=not sys.stderr.isatty())
 
@@ -296,13 +295,14 @@ def main(args: Args) -> dict:
     global_step, updates, recent = 0, 0, []
     if resumed is not None:
         try:
-            for name, part in parts.items():
-                part.load_state_dict(resumed[name])
-            load_env_state(env, resumed["env"])
+            games = load_env_state(env, resumed["env"])  # None; Atari: new games (README: what differs on resume)
+            for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
+                if games is None or name not in ("recorder", "nstep"):
+                    part.load_state_dict(resumed[name])
             generators(explore_rng, resumed["generators"])
         except (KeyError, ValueError, RuntimeError) as e:
             fail(f"cannot resume from {args.resume}: {e}")
-        obs, (global_step, updates, recent) = resumed["obs"].numpy(), resumed["counts"]
+        obs, (global_step, updates, recent) = resumed["obs"].numpy() if games is None else games, resumed["counts"]
     run = Run(args, device, resumed)
 
     def update(batch: TensorDict) -> TensorDict:

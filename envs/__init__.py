@@ -8,6 +8,9 @@ A collection step in an algorithm file::
     next_obs, reward, terminated, truncated, info = env.step(action)
     td, finished = rec.record(obs, action, reward, next_obs, terminated, truncated, info)
     rb.extend(td); obs = next_obs
+
+Exact resume: `env_state(env)` / `load_env_state(env, state)` (see envs/state.py),
+`TransitionRecorder.state_dict()` / `load_state_dict()`.
 """
 
 from .evaluate import check_video, evaluate

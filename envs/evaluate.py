@@ -12,6 +12,9 @@ from .make import is_atari, make_vector_env
 from .recorder import EpisodeStats
 
 ATARI_FPS = 15  # 60 Hz emulator with frameskip 4
+# 108,000 frames = 27,000 agent steps at frameskip 4: 30 minutes of play, the standard cap
+# (Machado et al. 2018; Dopamine, Rainbow). Nature DQN evaluated 5-minute episodes (4,500 steps).
+ATARI_MAX_EPISODE_STEPS = 27_000
 
 
 def evaluate(
@@ -21,6 +24,7 @@ def evaluate(
     seed: int,
     *,
     num_envs: int = 1,
+    max_episode_steps: int | None = None,
     video_dir: str | None = None,
     abort: Callable[[], bool] | None = None,
 ) -> list[float]:
@@ -28,7 +32,14 @@ def evaluate(
 
     Sub-env i plays a fixed share of the episodes (the first ones it finishes), so the result
     does not favour short episodes as "whichever episodes end first" would; returns come in the
-    order the episodes ended, which is deterministic for a given seed and policy.
+    order the episodes ended, which is deterministic for a given seed and policy (an
+    epsilon-greedy policy must draw from its own seeded generator).
+
+    `max_episode_steps` caps each episode at that many agent steps (default: 27,000 on Atari,
+    ATARI_MAX_EPISODE_STEPS, the same as ale-py's own 108,000-frame limit, so a policy that never
+    presses FIRE stalls one episode for at most that; otherwise only the env's own time limit).
+    Pass less for quick periodic evaluations. A capped episode counts as truncated: its return
+    so far is reported and that sub-env is reset.
 
     `abort`, if given, is asked before every step; when it returns True the evaluation stops by
     raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
@@ -41,6 +52,10 @@ def evaluate(
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     atari = is_atari(env_id)
+    if max_episode_steps is None and atari:
+        max_episode_steps = ATARI_MAX_EPISODE_STEPS
+    if max_episode_steps is not None and max_episode_steps < 1:
+        raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
     render_kwargs = {"render_mode": "rgb_array"} if video_dir is not None and not atari else {}
     env = make_vector_env(env_id, num_envs, seed, training=False, **render_kwargs)
     quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
@@ -57,16 +72,20 @@ def evaluate(
                 raise KeyboardInterrupt
             obs, reward, terminated, truncated, info = env.step(policy(obs))
             done = terminated | truncated
-            if recording and done[0]:
+            capped = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
+            if recording and (done[0] or capped[0]):
                 recording = False
-                if atari:
-                    frames.append(info["final_obs"][0, -1])
+                if atari:  # the last frame of the episode; gymnasium envs cannot render it any more
+                    frames.append(info["final_obs"][0, -1] if done[0] else obs[0, -1])
             elif recording:
                 frames.append(_frame(env, obs, atari))
-            for i, ret, _ in stats.update(reward, done):
+            for i, ret, _ in stats.update(reward, done | capped):
                 if quota[i] > 0:
                     quota[i] -= 1
                     returns.append(ret)
+            if capped.any() and quota.any():
+                # sub-envs not in the mask go on: both vector envs report their current obs
+                obs, _ = env.reset(options={"reset_mask": capped})
         fps = ATARI_FPS if atari else env.metadata.get("render_fps", 30)
     finally:
         env.close()

@@ -10,9 +10,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
-# The DQN-paper preprocessing (Mnih et al. 2015; Machado et al. 2018 for the episode cap).
-# Rewards stay raw here: TransitionRecorder clips them for training, so episode statistics
-# are always in game score.
+# The DQN-paper preprocessing (Mnih et al. 2015), applied to every Atari id. Rewards stay raw
+# here: TransitionRecorder clips them for training, so episode statistics are always in game score.
+# What varies between ids (sticky actions, action set, episode cap) comes from the id's registry
+# entry, see `atari_settings`.
 ATARI_SETTINGS: dict[str, Any] = dict(
     autoreset_mode=AutoresetMode.SAME_STEP,
     noop_max=30,
@@ -23,12 +24,13 @@ ATARI_SETTINGS: dict[str, Any] = dict(
     grayscale=True,
     stack_num=4,
     use_fire_reset=True,
-    repeat_action_probability=0.0,  # overrides the sticky actions of ALE/...-v5 ids
     reward_clipping=False,
     episodic_life=False,  # a life loss must not restart the game, see LifeLossInfo
     life_loss_info=False,
-    max_num_frames_per_episode=108_000,
 )
+
+# Registry kwargs of ale-py ids that AtariVectorEnv takes under the same name.
+_ATARI_SPEC_KEYS = ("repeat_action_probability", "full_action_space", "max_num_frames_per_episode")
 
 
 def _env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -59,16 +61,52 @@ def is_atari(env_id: str) -> bool:
         return False
 
 
+def atari_settings(env_id: str, **env_kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments `make_vector_env` gives AtariVectorEnv for an ale-py id.
+
+    ATARI_SETTINGS (the DQN preprocessing), then what the id's registry entry sets, then
+    `env_kwargs`. So "PongNoFrameskip-v4" plays without sticky actions as in the DQN papers, and
+    "ALE/Pong-v5" keeps its sticky actions (repeat_action_probability=0.25, Machado et al. 2018).
+    Both skip 4 frames per agent step: v5's own frame skip is 4, and NoFrameskip ids (skip 1)
+    get the preprocessing's 4. Ids with a random frame skip ("Pong-v4": 2 to 4 frames) and any
+    registry setting AtariVectorEnv cannot apply are refused with a ValueError.
+    """
+    spec = _env_spec(env_id)
+    if spec.entry_point != "ale_py.env:AtariEnv":
+        raise ValueError(f"{env_id!r} is not an Atari id")
+    settings = dict(ATARI_SETTINGS)
+    for key, value in spec.kwargs.items():
+        if key in _ATARI_SPEC_KEYS:
+            settings[key] = value
+        elif key == "frameskip" and isinstance(value, int):
+            if value > 1:
+                settings["frameskip"] = value
+        elif key == "frameskip":
+            raise ValueError(
+                f"{env_id!r} skips a random number of frames {value}, which ale-py's vector env cannot do: "
+                f"use {spec.name}NoFrameskip-v4 (DQN settings) or ALE/{spec.name}-v5 (sticky actions)."
+            )
+        elif key != "game" and value is not None and not (key == "obs_type" and value == "rgb"):
+            raise ValueError(f"{env_id!r} sets {key}={value!r}, which ale-py's vector env cannot apply.")
+    return {**settings, **env_kwargs}
+
+
 class LifeLossInfo(VectorWrapper):
     """Adds info["life_loss"]: a life was lost this step but the game goes on.
 
     With `life_loss_info=False` ale-py only terminates at game over (when info["lives"] jumps
     back to the start value for the new game), so a lost life is seen as the lives count going
-    down between two steps of the same game.
+    down between two steps of the same game. Where an episode ends (terminated or truncated)
+    the step already reports the new game's lives, so life_loss is False there; the first step
+    of a new game compares against that game's starting lives.
+
+    It keeps no state for `env_state`: an Atari game cannot be restored, and after the reset
+    that `load_env_state` makes, the lives come from the new games.
     """
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
+        # a partial reset (options={"reset_mask": ...}) reports the others' current lives too
         self._lives = info["lives"].copy()
         return obs, info
 
@@ -82,6 +120,21 @@ class LifeLossInfo(VectorWrapper):
         return obs, reward, terminated, truncated, info
 
 
+def _channels_first(env: gym.Env) -> gym.Env:
+    """`env` with (H, W, C) image observations transposed to (C, H, W); other envs unchanged.
+
+    An image is a uint8 Box of rank 3; it is channels-last when its last axis has at most 4
+    entries (gray, RGB, RGBA or a short frame stack) and its first axis more.
+    """
+    space = env.observation_space
+    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3):
+        return env
+    if not (space.shape[2] <= 4 < space.shape[0]):
+        return env
+    chw = gym.spaces.Box(space.low.transpose(2, 0, 1), space.high.transpose(2, 0, 1), dtype=np.uint8)
+    return gym.wrappers.TransformObservation(env, lambda obs: np.ascontiguousarray(obs.transpose(2, 0, 1)), chw)
+
+
 def make_vector_env(
     env_id: str, num_envs: int = 1, seed: int | None = None, *, training: bool = True, **env_kwargs: Any
 ) -> VectorEnv:
@@ -92,8 +145,13 @@ def make_vector_env(
     "_final_obs" mask; ale-py: dense array, valid in the rows where terminated | truncated).
     `TransitionRecorder` turns that into clean transitions.
 
-    Atari ids ("PongNoFrameskip-v4", "ALE/Pong-v5") only pick the game; every setting comes from
-    ATARI_SETTINGS (env_kwargs override them). With `training=True`, info["life_loss"] is added.
+    Atari ids ("PongNoFrameskip-v4", "ALE/Pong-v5") get the DQN preprocessing and their own
+    registry settings, see `atari_settings` (env_kwargs override both). With `training=True`,
+    info["life_loss"] is added.
+
+    Image observations laid out (H, W, C) (a uint8 Box such as CarRacing's (96, 96, 3)) are
+    transposed to (C, H, W), the layout of Atari stacks and of torch's Conv2d, in every
+    observation including info["final_obs"]; the observation spaces say the new shape.
 
     Seeding: `seed` seeds the action spaces (so `action_space.sample()` is reproducible); the
     caller still calls `env.reset(seed=seed)`, which seeds sub-env i with `seed + i`.
@@ -105,8 +163,9 @@ def make_vector_env(
         from ale_py.vector_env import AtariVectorEnv
 
         threads = min(num_envs, os.cpu_count() or 1)
-        settings = {**ATARI_SETTINGS, **env_kwargs}
+        settings = atari_settings(env_id, **env_kwargs)
         env: VectorEnv = AtariVectorEnv(spec.kwargs["game"], num_envs, num_threads=threads, **settings)
+        env.spec = spec  # AtariVectorEnv keeps none; envs.state checks a saved state against it
         if training:
             env = LifeLossInfo(env)
     else:
@@ -115,6 +174,7 @@ def make_vector_env(
             num_envs,
             vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            wrappers=[_channels_first],
             **env_kwargs,
         )
     env.action_space.seed(seed)

@@ -25,6 +25,19 @@ class EpisodeStats:
         self.lengths[done] = 0
         return finished
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The running return and length of each env's episode in progress."""
+        return {"returns": torch.from_numpy(self.returns.copy()), "lengths": torch.from_numpy(self.lengths.copy())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Checks both arrays (shape, dtype) before setting either."""
+        returns, lengths = state["returns"], state["lengths"]
+        for name, value, like in (("returns", returns, self.returns), ("lengths", lengths, self.lengths)):
+            if not isinstance(value, torch.Tensor) or value.shape != like.shape or value.numpy().dtype != like.dtype:
+                raise ValueError(f"EpisodeStats {name}: expected a {like.dtype} tensor of shape {like.shape}")
+        self.returns = returns.numpy().copy()
+        self.lengths = lengths.numpy().copy()
+
 
 def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict[str, Any]) -> np.ndarray:
     """`next_obs` with the reset observations of ended episodes replaced by their final ones.
@@ -92,6 +105,13 @@ class TransitionRecorder:
             batch_size=[self.num_envs],
         )
         return td, finished
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The episode statistics in progress (running returns and lengths per env)."""
+        return self.stats.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.stats.load_state_dict(state)
 
 
 def _obs_tensor(obs: np.ndarray) -> torch.Tensor:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from envs import TransitionRecorder, evaluate, is_atari, make_vector_env
+from envs.make import ATARI_SETTINGS, LifeLossInfo, atari_settings
+from tests.probe_env import image_pixel
 
 PROBE = "tests.probe_env:Probe-v0"
 
@@ -101,7 +106,7 @@ def test_atari_pong_shapes_and_recording():
     assert batch["obs"].dtype == torch.uint8 and batch["obs"].shape == (200, 2, 4, 84, 84)
     assert batch["action"].dtype == torch.int64
     assert torch.equal(batch["next_obs"][..., :3, :, :], batch["obs"][..., 1:, :, :])  # frame stack shifts
-    assert (batch["reward"] != 0).any() and batch["reward"].abs().max() <= 1
+    # Pong's raw rewards are already -1, 0 or 1: reward clipping is tested on Space Invaders below.
 
 
 def test_reward_clipping_keeps_raw_episode_stats():
@@ -114,6 +119,27 @@ def test_reward_clipping_keeps_raw_episode_stats():
     assert td1["reward"].tolist() == [1.0] and td2["reward"].tolist() == [-1.0]
     assert done1 == [] and done2 == [{"episodic_return": 16.0, "episodic_length": 2}]
     assert td2["next_obs"].tolist() == [[1.0, 1.0]] and td2["terminated"].tolist() == [True]
+
+
+def test_atari_reward_clipping_on_a_game_with_big_rewards():
+    """Space Invaders pays 5 to 30 points an alien: stored rewards are their sign, statistics are raw."""
+    env = make_vector_env("SpaceInvadersNoFrameskip-v4", 2, seed=0)
+    rec = TransitionRecorder(2, clip_reward=True)
+    obs, _ = env.reset(seed=0)
+    raw, stored = [], []
+    for _ in range(150):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        td, finished = rec.record(obs, action, reward, next_obs, terminated, truncated, info)
+        assert not (terminated | truncated).any() and finished == []  # one game each: running totals below
+        raw.append(reward)
+        stored.append(td["reward"].numpy())
+        obs = next_obs
+    env.close()
+    raw, stored = np.array(raw), np.array(stored)
+    assert raw.max() > 1
+    assert stored.dtype == np.float32 and np.array_equal(stored, np.sign(raw))
+    assert np.array_equal(rec.state_dict()["returns"].numpy(), raw.sum(0))  # the game score, unclipped
 
 
 def test_atari_life_loss_ends_bootstrap_not_episode():
@@ -144,6 +170,90 @@ def test_atari_life_loss_ends_bootstrap_not_episode():
     assert "life_loss" not in raw[0][4]
 
 
+class ScriptedLives(gym.vector.VectorEnv):
+    """A vector env that plays back (lives, terminated, truncated) rows as ale-py reports them.
+
+    As in ale-py's SAME_STEP mode, a row where an episode ends already carries the new game's lives.
+    """
+
+    def __init__(self, start_lives: list[int], rows: list[tuple[list[int], list[bool], list[bool]]]) -> None:
+        self.num_envs = len(start_lives)
+        self.single_observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.start_lives = np.array(start_lives)
+        self.rows = iter(rows)
+
+    def reset(self, **kwargs):
+        return np.zeros((self.num_envs, 1), np.float32), {"lives": self.start_lives.copy()}
+
+    def step(self, actions):
+        lives, terminated, truncated = next(self.rows)
+        zeros = np.zeros(self.num_envs)
+        return zeros[:, None], zeros, np.array(terminated), np.array(truncated), {"lives": np.array(lives)}
+
+
+def life_losses(start_lives, rows) -> list[list[bool]]:
+    env = LifeLossInfo(ScriptedLives(start_lives, rows))
+    env.reset()
+    return [env.step(np.zeros(len(start_lives), np.int64))[4]["life_loss"].tolist() for _ in rows]
+
+
+def test_life_loss_at_game_over_truncation_and_after_reset():
+    # env 0: a bonus life (3 -> 4), then game over: the new game's 3 are fewer lives than before.
+    # env 1: the same at a truncation; then a loss on the first step of the new game.
+    # env 2: a loss on the very first step after the reset, and on the first step of its 2nd game.
+    rows = [
+        ([4, 4, 2], [False, False, False], [False, False, False]),
+        ([3, 3, 2], [True, False, False], [False, True, False]),
+        ([2, 2, 1], [False, False, False], [False, False, False]),
+        ([2, 2, 3], [False, False, True], [False, False, False]),
+        ([2, 2, 2], [False, False, False], [False, False, False]),
+    ]
+    assert life_losses([3, 3, 3], rows) == [
+        [False, False, True],
+        [False, False, False],  # game over / truncation with fewer lives than before: not a life loss
+        [True, True, True],  # the first step of a new game compares with that game's start
+        [False, False, False],
+        [False, False, True],
+    ]
+
+
+@st.composite
+def scripted_games(draw):
+    """Random games: per step and env a life lost, a bonus life, a game over, a truncation or nothing.
+
+    Returns (start lives, rows for ScriptedLives, the expected life_loss per step) where the
+    expectation comes from the script itself: True exactly where a life was lost in a game going on.
+    """
+    num_envs = draw(st.integers(1, 3))
+    start = draw(st.lists(st.integers(1, 5), min_size=num_envs, max_size=num_envs))
+    steps = draw(st.integers(1, 30))
+    events = draw(st.lists(st.lists(st.sampled_from("-+.GT"), min_size=num_envs, max_size=num_envs),
+                           min_size=steps, max_size=steps))
+    lives, rows, expected = list(start), [], []
+    for row in events:
+        terminated, truncated, lost = [], [], []
+        for i, event in enumerate(row):
+            if event == "-" and lives[i] == 1:
+                event = "G"  # the last life lost is a game over
+            lost.append(event == "-")
+            lives[i] = {"-": lives[i] - 1, "+": lives[i] + 1, ".": lives[i]}.get(event, start[i])
+            terminated.append(event == "G")
+            truncated.append(event == "T")
+        rows.append((list(lives), terminated, truncated))
+        expected.append(lost)
+    return start, rows, expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(scripted_games())
+def test_life_loss_is_exactly_the_lives_lost_in_a_game_going_on(game):
+    start, rows, expected = game
+    assert life_losses(start, rows) == expected
+
+
 @pytest.mark.parametrize(("env_id", "steps"), [("CartPole-v1", 300), ("PongNoFrameskip-v4", 100)])
 def test_seeding_reproduces_trajectories(env_id: str, steps: int):
     def trajectory(seed: int) -> TensorDict:
@@ -165,6 +275,62 @@ def test_bad_ids_and_num_envs():
     with pytest.raises(ValueError, match="ALE/NoGame-v5.*not registered") as error:
         make_vector_env("ALE/NoGame-v5")
     assert "extra" not in str(error.value)  # ale-py is installed: no install hint
+
+
+def test_atari_ids_keep_their_registry_settings(monkeypatch):
+    import ale_py.vector_env
+
+    made = {}
+    real = ale_py.vector_env.AtariVectorEnv
+
+    def recording(game, num_envs, **kwargs):
+        made[game] = kwargs
+        return real(game, num_envs, **kwargs)
+
+    monkeypatch.setattr(ale_py.vector_env, "AtariVectorEnv", recording)
+    preprocessing = {k: v for k, v in ATARI_SETTINGS.items() if k != "frameskip"}
+    for env_id, game, sticky in [("PongNoFrameskip-v4", "pong", 0.0), ("ALE/Breakout-v5", "breakout", 0.25)]:
+        make_vector_env(env_id, 1).close()
+        assert made[game] == {
+            **preprocessing,
+            "frameskip": 4,  # NoFrameskip: the preprocessing's 4; v5: its own 4
+            "repeat_action_probability": sticky,  # v5 keeps Machado et al.'s sticky actions
+            "full_action_space": False,
+            "max_num_frames_per_episode": 108_000,
+            "num_threads": 1,
+        }, env_id
+    make_vector_env("ALE/Breakout-v5", 1, repeat_action_probability=0.0, noop_max=0).close()
+    assert made["breakout"]["repeat_action_probability"] == 0.0 and made["breakout"]["noop_max"] == 0
+    assert atari_settings("ALE/Pong-v5")["repeat_action_probability"] == 0.25
+    with pytest.raises(ValueError, match="random number of frames.*PongNoFrameskip-v4.*ALE/Pong-v5"):
+        make_vector_env("Pong-v4")
+    with pytest.raises(ValueError, match="not an Atari id"):
+        atari_settings("CartPole-v1")
+
+
+def test_channels_last_images_are_transposed():
+    env = make_vector_env("tests.probe_env:Image-v0", 2, seed=0)
+    assert env.single_observation_space.shape == (3, 6, 5) and env.observation_space.shape == (2, 3, 6, 5)
+    c, h, w = np.indices((3, 6, 5))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, 3, 6, 5) and np.array_equal(obs[1], image_pixel(h, w, c, 0))
+    for t in (1, 2, 3):
+        obs, _, terminated, _, info = env.step(env.action_space.sample())
+        assert np.array_equal(obs[0], image_pixel(h, w, c, 0 if terminated[0] else t))
+    assert terminated.all()
+    assert all(np.array_equal(info["final_obs"][i], image_pixel(h, w, c, 3)) for i in range(2))
+    assert env.single_observation_space.contains(obs[0])
+    env.close()
+    # One channel (grayscale kept as (H, W, 1)) is channels-last too.
+    env = make_vector_env("tests.probe_env:Image-v0", 1, shape=(6, 5, 1))
+    assert env.single_observation_space.shape == (1, 6, 5)
+    assert np.array_equal(env.reset(seed=0)[0][0], image_pixel(*np.indices((6, 5, 1)), 0).transpose(2, 0, 1))
+    env.close()
+    # Already channels-first (last axis longer than 4): left as it is.
+    env = make_vector_env("tests.probe_env:Image-v0", 1, shape=(3, 6, 5))
+    assert env.single_observation_space.shape == (3, 6, 5)
+    assert np.array_equal(env.reset(seed=0)[0][0], image_pixel(*np.indices((3, 6, 5)), 0))
+    env.close()
 
 
 def test_missing_ale_py_names_the_extra(monkeypatch):
@@ -198,6 +364,48 @@ def test_evaluate_cartpole(tmp_path):
     frames = imageio.mimread(video_dir / "eval-episode-0.mp4")
     assert len(frames) == returns[0]  # one frame per state before each step (reward 1 per step)
     assert frames[0].shape == (400, 600, 3)
+
+
+def test_evaluate_plays_a_fixed_share_per_env():
+    """Sub-env 0 plays 2-step episodes, sub-env 1 20-step ones: "the first 4 to end" would be all 2s."""
+    returns = evaluate("tests.probe_env:Lengths-v0", zeros_policy, 4, seed=0, num_envs=2)
+    assert returns == [2.0, 2.0, 20.0, 20.0]
+    assert evaluate("tests.probe_env:Lengths-v0", zeros_policy, 5, seed=0, num_envs=2) == [2.0] * 3 + [20.0] * 2
+
+
+def test_evaluate_caps_episodes_and_resets_the_capped_env():
+    seen = []
+
+    def watching(obs):
+        seen.append(obs[:, 0].copy())  # obs = (t,)
+        return zeros_policy(obs)
+
+    returns = evaluate("tests.probe_env:Lengths-v0", watching, 4, seed=0, num_envs=2, max_episode_steps=10)
+    assert returns == [2.0, 2.0, 10.0, 10.0]  # env 1's 20-step episodes are cut at 10 steps and count as ended
+    assert [t[1] for t in seen] == list(range(10)) * 2  # after the cap, env 1 starts a new episode
+    with pytest.raises(ValueError, match="max_episode_steps"):
+        evaluate("CartPole-v1", zeros_policy, 1, seed=0, max_episode_steps=0)
+
+
+def test_evaluate_caps_atari_episodes_by_default(monkeypatch):
+    """A policy that never presses FIRE stalls Breakout: the default Atari cap ends its episodes."""
+    monkeypatch.setattr(sys.modules["envs.evaluate"], "ATARI_MAX_EPISODE_STEPS", 100)  # 27,000 by default
+    calls = []
+
+    def noop(obs):
+        calls.append(len(obs))
+        return np.zeros(len(obs), dtype=np.int64)
+
+    returns = evaluate("BreakoutNoFrameskip-v4", noop, 3, seed=0, num_envs=2)
+    assert len(returns) == 3 and len(calls) == 200  # env 0 plays two capped episodes, env 1 one
+
+    rng = np.random.default_rng(0)
+    fire = 1  # an epsilon-greedy policy (epsilon 0.05) whose greedy action is FIRE
+    epsilon_greedy = lambda obs: np.where(rng.random(len(obs)) < 0.05, rng.integers(0, 6, len(obs)), fire)  # noqa: E731
+    first = evaluate("SpaceInvadersNoFrameskip-v4", epsilon_greedy, 3, seed=0, num_envs=2)
+    rng = np.random.default_rng(0)
+    assert evaluate("SpaceInvadersNoFrameskip-v4", epsilon_greedy, 3, seed=0, num_envs=2) == first
+    assert max(first) > 1 and all(r % 5 == 0 for r in first)  # raw game score, not clipped
 
 
 def test_evaluate_atari_video(tmp_path):
