@@ -336,8 +336,8 @@ def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_pa
 @pytest.mark.parametrize("where", ["local", "ray"])
 def test_a_launch_records_its_jobs_and_resumes_the_unfinished_ones(stub, tmp_path, capsys, request, where):
     runs = tmp_path / "runs"
-    ray = ["--ray", "local"] if where == "ray" else []
-    if ray:
+    ray = ["--ray", "local"] if where == "ray" else ["--jobs", "4"]
+    if where == "ray":
         request.getfixturevalue("ray_cluster")
     assert run.main([str(stub), "--seeds", "1", "2", "--sweep", "alpha=0.2,0.4", "--runs-dir", str(runs), *ray]) == 0
     assert "4 run(s) of stub.py (2 alpha x 2 seed(s) x 1 env(s))" in capsys.readouterr().out
