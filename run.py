@@ -1,15 +1,18 @@
-"""Launch a config over seeds x envs, plot learning curves, tabulate final evaluation returns.
+"""Launch a config over seeds x envs x swept values, resume a launch, plot learning curves, tabulate results.
 
-    python run.py CONFIG.yaml [--seeds 1 2 3] [--env ID ...] [--set key=value ...] [--jobs N] [--track]
-                              [--ray ADDRESS] [--runs-dir runs]
-    python run.py plot RUN_DIR... [--metric eval/episodic_return] [--out curves.png]
-    python run.py table RUN_DIR...
-    python run.py CONFIG.yaml --help        # every launch option
+    python run.py CONFIG.yaml [--seeds 1 2 3] [--env ID ...] [--set key=value ...] [--sweep key=v1,v2 ...]
+                              [--jobs N] [--track] [--ray ADDRESS] [--runs-dir runs]
+    python run.py resume runs/LAUNCH_ID [--total-timesteps N] [--jobs N] [--ray ADDRESS]
+    python run.py plot RUN_DIR... [--metric TAG] [--smooth N] [--by KEY] [--out curves.png]
+    python run.py table RUN_DIR... [--by KEY]
+    python run.py CONFIG.yaml --help        # every launch option (and resume/plot/table --help)
 
-A launch runs algos/<algo>.py (the config's `algo:` key, else its folder name) once per seed x env,
-as separate processes, N at a time, or as Ray tasks with --ray (auto: the cluster this machine
-is in; local: a new local one). Runs go to runs/<env>__<algo>__<seed>__<launch id>/, logs to
-runs/<launch id>/logs/; the launch id is <config stem>__<unix time> (also the W&B group).
+A launch runs algos/<algo>.py (the config's `algo:` key, else its folder name) once per env x swept
+values x seed, as separate processes, N at a time, or as Ray tasks with --ray (auto: the cluster this
+machine is in; local: a new local one). Runs go to runs/<env>__<algo>[__key=value...]__<seed>__<launch id>/,
+logs and launch.json (what was launched) to runs/<launch id>/; the launch id is <config stem>__<unix time>
+(also the W&B group). `resume` continues the unfinished jobs of a launch, locally or on Ray: those with a
+checkpoint.pt with --resume, the others from scratch; finished ones are skipped.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
+import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -26,17 +32,20 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent
+ALGOS = ROOT / "algos"  # where a config's algo names its script (tests point it at a stub)
 STATUS_EVERY_S = 30.0  # CI logs want a heartbeat, not a redrawn progress bar
 GRACE_S = 10.0  # time a stopped job gets to write its summary.json before it is killed
 LAUNCHER_KEYS = {"config": "CONFIG", "seed": "--seeds", "env": "--env", "run_name": "(set by run.py)",
-                 "track": "--track", "wandb_group": "(set by run.py)"}
+                 "track": "--track", "wandb_group": "(set by run.py)", "resume": "run.py resume"}
+TRAINING_RETURN = "charts/episodic_return"  # what plot falls back to when evaluations are too few
+TRAINING_SMOOTH = 20  # its default rolling window, in episodes
 
 
 def fail(message: str) -> NoReturn:
@@ -52,8 +61,9 @@ class Job:
     run_name: str
     env: str
     seed: int
-    argv: list[str]  # the script's arguments after --config
+    argv: list[str]  # the script's arguments after --config CONFIG, or in its place --resume runs/<run_name> ...
     log: Path
+    values: dict[str, str] = field(default_factory=dict)  # swept key: its raw value in this job
     status: str = "pending"  # pending, running, ok, failed, stopped, not started
     handle: Any = None  # a Popen, or a Ray ObjectRef
     start: float = 0.0
@@ -62,7 +72,14 @@ class Job:
 
     @property
     def label(self) -> str:
-        return f"{self.env} seed {self.seed}"
+        return " ".join([self.env, *(f"{k}={v}" for k, v in self.values.items()), f"seed {self.seed}"])
+
+    @property
+    def resumes(self) -> bool:
+        return self.argv[:1] == ["--resume"]
+
+    def script_args(self, config: str) -> list[str]:
+        return self.argv if self.resumes else ["--config", config, *self.argv]
 
 
 # ---------------------------------------------------------------- launch: configs and jobs
@@ -78,7 +95,7 @@ def config_and_script(path: Path) -> tuple[dict[str, Any], Path]:
     if not isinstance(values, dict):
         fail(f"config {path} must be a mapping of argument names to values")
     algo = str(values.get("algo") or path.resolve().parent.name)
-    script = ROOT / "algos" / f"{algo}.py"
+    script = ALGOS / f"{algo}.py"
     if not script.is_file():
         how = "its algo key" if values.get("algo") else "it has no algo key and its folder"
         fail(f"config {path}: {how} names {algo!r}, but there is no algos/{algo}.py")
@@ -92,18 +109,42 @@ def yaml_value(text: str) -> Any:
         return text
 
 
+def argument_name(key: str, option: str) -> str:
+    """A script argument's name as the config spells it; refuses the ones run.py sets itself."""
+    name = key.strip().replace("-", "_")
+    if name in LAUNCHER_KEYS:
+        fail(f"{option} {name}=...: run.py sets {name} itself; use {LAUNCHER_KEYS[name]}")
+    return name
+
+
 def overrides_from(pairs: list[str]) -> dict[str, str]:
     """{argument name: raw value} from --set key=value pairs."""
     overrides = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or not key:
+        if not eq or not key.strip():
             fail(f"--set takes key=value, got {pair!r}")
-        if key in LAUNCHER_KEYS:
-            fail(f"--set {key}=...: run.py sets {key} itself; use {LAUNCHER_KEYS[key]}")
-        overrides[key] = value
+        overrides[argument_name(key, "--set")] = value
     return overrides
+
+
+def sweep_from(pairs: list[str], overrides: dict[str, str]) -> dict[str, list[str]]:
+    """{argument name: its raw values, in order, without repeats} from --sweep key=v1,v2,... arguments."""
+    sweep: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        values = [value.strip() for value in text.split(",")]
+        if not eq or not key.strip():
+            fail(f"--sweep takes key=v1,v2,..., got {pair!r}")
+        name = argument_name(key, "--sweep")
+        if not all(values):
+            fail(f"--sweep {pair!r} has an empty value; give key=v1,v2,...")
+        if name in overrides:
+            fail(f"{name} is given both in --set and --sweep; keep one")
+        if name in sweep:
+            fail(f"--sweep {name} is given twice; list all its values in one --sweep")
+        sweep[name] = list(dict.fromkeys(values))
+    return sweep
 
 
 def flags_from(overrides: dict[str, str]) -> list[str]:
@@ -115,15 +156,52 @@ def flags_from(overrides: dict[str, str]) -> list[str]:
     return flags
 
 
+def name_safe(text: str) -> str:
+    """Text fit for a directory name on any filesystem (and a W&B run name)."""
+    return re.sub(r"[^A-Za-z0-9._+=-]", "-", text)
+
+
 def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch_id: str, log_dir: Path) -> list[Job]:
-    jobs, overrides = [], flags_from(overrides_from(args.set))
+    """One job per env x combination of swept values x seed, in that order."""
+    overrides = overrides_from(args.set)
+    sweep = sweep_from(args.sweep, overrides)
     tracking = ["--track", "--wandb-group", launch_id] if args.track else []
+    jobs = []
     for env in dict.fromkeys(args.env or [config.get("env")]):  # None: the script's default env
-        for seed in dict.fromkeys(args.seeds):
-            env_name = str(env or "default").replace("/", "-")  # ALE/Pong-v5 is one directory name
-            run_name = f"{env_name}__{algo}__{seed}__{launch_id}"
-            argv = ["--seed", str(seed), *(["--env", env] if env else []), *overrides, "--run-name", run_name]
-            jobs.append(Job(run_name, str(env or "default"), seed, argv + tracking, log_dir / f"{run_name}.log"))
+        env_name = str(env or "default").replace("/", "-")  # ALE/Pong-v5 is one directory name
+        for combination in itertools.product(*sweep.values()):
+            values = dict(zip(sweep, combination, strict=True))
+            swept = "".join(f"__{name_safe(f'{k}={v}')}" for k, v in values.items())
+            for seed in dict.fromkeys(args.seeds):
+                run_name = f"{env_name}__{algo}{swept}__{seed}__{launch_id}"
+                argv = ["--seed", str(seed), *(["--env", env] if env else []), *flags_from(overrides),
+                        *flags_from(values), "--run-name", run_name, *tracking]
+                jobs.append(Job(run_name, str(env or "default"), seed, argv, log_dir / f"{run_name}.log", values))
+    return jobs
+
+
+def summary_in(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def resumed_jobs(record: dict[str, Any], runs_dir: Path, total_timesteps: int | None = None) -> list[Job]:
+    """The launch's unfinished jobs: continued from their checkpoint.pt, else started again.
+
+    A job is finished when its summary.json exists and does not say `interrupted: true`; it is left out.
+    """
+    more = ["--total-timesteps", str(total_timesteps)] if total_timesteps else []
+    jobs = []
+    for job in record["jobs"]:
+        run_dir = runs_dir / job["run_name"]
+        if (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True:
+            continue
+        # relative: both backends run a job where ./runs is runs_dir
+        argv = ["--resume", f"runs/{job['run_name']}"] if (run_dir / "checkpoint.pt").is_file() else job["argv"]
+        jobs.append(Job(job["run_name"], job["env"], job["seed"], argv + more,
+                        runs_dir / record["launch_id"] / "logs" / f"{job['run_name']}.log", job["values"]))
     return jobs
 
 
@@ -134,12 +212,27 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
+def started_job(command: list[str], cwd: Path, log: Any) -> subprocess.Popen:
+    """A job's process, in its own process group (a stop reaches its children too), with SIGINT deliverable.
+
+    Ray's processes block SIGINT and a child inherits the mask: without unblocking it here, the job
+    would never see the Ctrl-C that tells it to save what it has.
+    """
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        return subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 class LocalJobs:
-    """Jobs as child processes, each in its own process group so a stop reaches its children too."""
+    """Jobs as child processes of this one."""
+
+    grace_s = GRACE_S
 
     def __init__(self, script: Path, config: Path, runs_dir: Path):
-        self.command = [sys.executable, "-u", str(script), "--config", str(config.resolve())]
-        # tracking.Run writes ./runs/<run_name>: run the jobs where ./runs is runs_dir.
+        self.command, self.config = [sys.executable, "-u", str(script)], str(config.resolve())
+        # The scripts write ./runs/<run_name>: run the jobs where ./runs is runs_dir.
         self.tmp = None  # held so the directory lives as long as the jobs
         self.cwd = runs_dir.parent
         if runs_dir.name != "runs":
@@ -148,9 +241,8 @@ class LocalJobs:
             (self.cwd / "runs").symlink_to(runs_dir, target_is_directory=True)
 
     def start(self, job: Job) -> None:
-        with open(job.log, "w") as log:
-            job.handle = subprocess.Popen([*self.command, *job.argv], cwd=self.cwd, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+        with open(job.log, "a") as log:  # a resumed job's log continues its first part
+            job.handle = started_job([*self.command, *job.script_args(self.config)], self.cwd, log)
 
     def returncode(self, job: Job) -> int | None:
         return job.handle.poll()
@@ -162,54 +254,107 @@ class LocalJobs:
         signal_group(job.handle, signal.SIGKILL)
         job.handle.wait()
 
+    def close(self) -> None:
+        pass
+
+
+class StopFlag:
+    """A Ray actor: set by the driver on Ctrl-C, polled by every task, so each stops its job gently."""
+
+    def __init__(self):
+        self.stopped = False
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def is_set(self) -> bool:
+        return self.stopped
+
+
+def exit_code(proc: subprocess.Popen, stop_requested: Any, poll_s: float = 0.5) -> int:
+    """The job's exit code; once a stop is requested: SIGINT, GRACE_S to save what it has, then SIGKILL."""
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(timeout=poll_s)
+        if stop_requested():
+            signal_group(proc, signal.SIGINT)
+            try:
+                return proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                signal_group(proc, signal.SIGKILL)
+                return proc.wait()
+
 
 def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_text: str, argv: list[str],
-                   run_name: str) -> tuple[int, str, bytes]:
-    """On a Ray worker: run one job in a fresh directory; its exit code, its log, its run directory as a tar."""
+                   run_name: str, run_archive: bytes, stop: Any) -> tuple[int, str, bytes]:
+    """On a Ray worker: run one job in a fresh directory; its exit code, its log, its run directory as a tar.
+
+    `run_archive` is the run directory of a job that resumes (else empty); `stop` is the launch's StopFlag.
+    """
+    import ray
+
+    def stop_requested() -> bool:
+        return ray.get(stop.is_set.remote())
+
     with tempfile.TemporaryDirectory(prefix="run-py-") as tmp:
         work = Path(tmp)
         (work / script_name).write_text(script_text)
         (work / config_name).write_text(config_text)
+        if run_archive:
+            with tarfile.open(fileobj=io.BytesIO(run_archive)) as tar:
+                tar.extractall(work / "runs", filter="data")
+        if stop_requested():  # queued until the launch was stopped: never start
+            return 130, "not started: the launch was stopped first\n", b""
         with open(work / "job.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-u", script_name, "--config", config_name, *argv], cwd=work,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = started_job([sys.executable, "-u", script_name, *argv], work, log)
             try:
-                code = proc.wait()
-            except BaseException:  # ray.cancel raises KeyboardInterrupt here
+                code = exit_code(proc, stop_requested)
+            except BaseException:  # ray.cancel (the driver gave up waiting) raises KeyboardInterrupt here
                 signal_group(proc, signal.SIGKILL)
                 raise
-        archive = io.BytesIO()
-        if (work / "runs" / run_name).is_dir():
-            with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-                tar.add(work / "runs" / run_name, arcname=run_name)
-        return code, (work / "job.log").read_text(errors="replace"), archive.getvalue()
+        return code, (work / "job.log").read_text(errors="replace"), run_archive_of(work / "runs" / run_name)
+
+
+def run_archive_of(run_dir: Path) -> bytes:
+    archive = io.BytesIO()
+    if run_dir.is_dir():
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            tar.add(run_dir, arcname=run_dir.name)
+    return archive.getvalue()
 
 
 class RayJobs:
-    """Jobs as Ray tasks; each ships the script and config, and sends its run directory back."""
+    """Jobs as Ray tasks; each ships the script and config (and a resumed job's run directory) and sends
+    its run directory back."""
+
+    grace_s = GRACE_S + 30  # the task's own grace, then packing and sending the run directory back
 
     def __init__(self, address: str, script: Path, config: Path, settings: dict[str, Any], runs_dir: Path):
         try:
             import ray
         except ImportError:
             fail('--ray needs Ray: pip install "ray[default]>=2.30" (or pip install -e ".[ray]")')
-        self.ray, self.runs_dir = ray, runs_dir
+        self.ray, self.runs_dir, self.settings = ray, runs_dir, settings
+        self.started_ray = not ray.is_initialized()
         try:
-            if not ray.is_initialized():
-                ray.init() if address == "local" else ray.init(address=address)
+            if self.started_ray:
+                ray.init(address=address)  # "auto", "local" (a new local instance) or a cluster address
         except (ConnectionError, RuntimeError, ValueError) as e:
             fail(f"cannot start or reach Ray at {address!r}: {' '.join(str(e).split())}")
         if __name__ != "__main__":  # imported (tests): workers cannot import this file, so ship the function
             ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        gpus = 1 if settings.get("cuda") is True and ray.cluster_resources().get("GPU", 0) >= 1 else 0
         env_vars = {k: v for k, v in os.environ.items() if k.startswith("WANDB_")}
-        self.task = ray.remote(run_in_tempdir).options(
-            num_cpus=int(settings.get("threads") or 1), num_gpus=gpus,
-            runtime_env={"env_vars": env_vars} if env_vars else None)
+        self.task, self.runtime_env = ray.remote(run_in_tempdir), {"env_vars": env_vars} if env_vars else None
+        self.stop = ray.remote(num_cpus=0)(StopFlag).remote()
         self.files = (script.name, script.read_text(), config.name, config.read_text())
 
     def start(self, job: Job) -> None:
-        job.handle = self.task.remote(*self.files, job.argv, job.run_name)
+        settings = self.settings | {k: yaml_value(v) for k, v in job.values.items()}  # a sweep may set threads
+        gpus = 1 if settings.get("cuda") is True and self.ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        archive = run_archive_of(self.runs_dir / job.run_name) if job.resumes else b""
+        job.handle = self.task.options(num_cpus=int(settings.get("threads") or 1), num_gpus=gpus,
+                                       runtime_env=self.runtime_env).remote(
+            *self.files, job.script_args(self.files[2]), job.run_name, archive, self.stop)
 
     def returncode(self, job: Job) -> int | None:
         if not self.ray.wait([job.handle], timeout=0)[0]:
@@ -218,17 +363,22 @@ class RayJobs:
             code, log_text, archive = self.ray.get(job.handle)
         except self.ray.exceptions.RayError as e:
             code, log_text, archive = 1, f"the Ray task failed: {e}\n", b""
-        job.log.write_text(log_text)
+        with open(job.log, "a") as log:
+            log.write(log_text)
         if archive:
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 tar.extractall(self.runs_dir, filter="data")
         return code
 
     def interrupt(self, job: Job) -> None:
-        self.ray.cancel(job.handle)
+        self.stop.set.remote()  # every task sees it at its next poll
 
     def kill(self, job: Job) -> None:
-        self.ray.cancel(job.handle, force=True)
+        self.ray.cancel(job.handle)  # raises KeyboardInterrupt in the task, which kills its job
+
+    def close(self) -> None:
+        if self.started_ray:
+            self.ray.shutdown()
 
 
 # ---------------------------------------------------------------- launch: the loop and the report
@@ -258,13 +408,6 @@ def progress_of(job: Job, runs_dir: Path) -> str:
     return f"{job.label} {'-' if step is None else f'{step / 1000:.1f}k'}/{(job.total_steps or 0) / 1000:.0f}k"
 
 
-def summary_of(job: Job, runs_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((runs_dir / job.run_name / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
@@ -275,17 +418,24 @@ def log_tail(path: Path, lines: int = 20) -> str:
 def finish(job: Job, code: int, runs_dir: Path, count: str) -> None:
     job.end, job.status = time.time(), "ok" if code == 0 else "failed"
     if code == 0:
-        ret = summary_of(job, runs_dir).get("eval_return_mean")
+        ret = summary_in(runs_dir / job.run_name).get("eval_return_mean")
         say(f"done   {count} {job.label}: eval return {ret}, {job.end - job.start:.0f}s")
     else:
         say(f"FAILED {count} {job.label} (exit {code}); last lines of {job.log}:\n{log_tail(job.log)}")
+
+
+def status_after_stop(job: Job, runs_dir: Path) -> str:
+    run_dir = runs_dir / job.run_name
+    if (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True:
+        return "ok"  # it finished while the others were being stopped
+    return "stopped" if run_dir.is_dir() else "not started"
 
 
 def stop(running: list[Job], backend: LocalJobs | RayJobs) -> None:
     say(f"interrupted: stopping {len(running)} running job(s)")
     for job in running:
         backend.interrupt(job)
-    deadline = time.time() + GRACE_S
+    deadline = time.time() + backend.grace_s
     try:
         while running and time.time() < deadline:
             running = [job for job in running if backend.returncode(job) is None]
@@ -306,7 +456,8 @@ def run_jobs(jobs: list[Job], backend: LocalJobs | RayJobs, max_parallel: int, r
                 backend.start(job)
                 job.status, job.start = "running", time.time()
                 running.append(job)
-                say(f"start  [{len(jobs) - len(pending)}/{len(jobs)}] {job.label}: log {job.log}")
+                how = "resume" if job.resumes else "start "
+                say(f"{how} [{len(jobs) - len(pending)}/{len(jobs)}] {job.label}: log {job.log}")
             for job in list(running):
                 code = backend.returncode(job)
                 if code is not None:
@@ -321,7 +472,7 @@ def run_jobs(jobs: list[Job], backend: LocalJobs | RayJobs, max_parallel: int, r
     except KeyboardInterrupt:
         stop(running, backend)
         for job in running:
-            job.status, job.end = "stopped", time.time()
+            job.status, job.end = status_after_stop(job, runs_dir), time.time()
         for job in pending:
             job.status = "not started"
 
@@ -337,9 +488,35 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
 
 
+def run_launch(jobs: list[Job], script: Path, config: Path, settings: dict[str, Any], runs_dir: Path,
+               args: argparse.Namespace, launch_id: str) -> int:
+    """Runs the jobs, prints their table; the exit code: 130 if stopped, 1 if any failed, else 0."""
+    backend = RayJobs(args.ray, script, config, settings, runs_dir) if args.ray else LocalJobs(script, config, runs_dir)
+    max_parallel = args.jobs or (len(jobs) if args.ray else 1)
+    say(f"{max_parallel} at a time" + (f" as Ray tasks on {args.ray}" if args.ray else " on this machine"))
+    try:
+        run_jobs(jobs, backend, max_parallel, runs_dir)
+    finally:
+        backend.close()
+    swept = any(job.values for job in jobs)
+    rows = [[job.run_name, job.env, job.seed, job.status, format_return(summary_in(runs_dir / job.run_name)),
+             f"{job.end - job.start:.0f}s" if job.end else "-",
+             *([" ".join(f"{k}={v}" for k, v in job.values.items())] if swept else [])] for job in jobs]
+    say("\n" + markdown(["job", "env", "seed", "status", "eval return", "wall time", *(["swept"] if swept else [])],
+                        rows))
+    by = f" --by {next(iter(jobs[0].values))}" if swept else ""
+    say(f"\ncurves: python run.py plot {runs_dir}/*__{launch_id}{by} --out {runs_dir / launch_id}/curves.png"
+        f"\ntable:  python run.py table {runs_dir}/*__{launch_id}{by}")
+    if any(job.status in ("stopped", "not started") for job in jobs):
+        say(f"resume: python run.py resume {runs_dir / launch_id}")
+        return 130
+    return 1 if any(job.status == "failed" for job in jobs) else 0
+
+
 def launch(args: argparse.Namespace) -> int:
     config, script = config_and_script(args.config)
-    overrides_from(args.set)  # bad --set: stop before anything starts
+    overrides = overrides_from(args.set)  # bad --set or --sweep: stop before anything starts
+    sweep = sweep_from(args.sweep, overrides)
     if args.jobs is not None and args.jobs < 1:
         fail(f"--jobs must be >= 1, got {args.jobs}")
     runs_dir = Path(args.runs_dir).resolve()
@@ -347,23 +524,49 @@ def launch(args: argparse.Namespace) -> int:
     while (runs_dir / f"{args.config.stem}__{stamp}").exists():
         stamp += 1  # two launches of one config in the same second
     launch_id = f"{args.config.stem}__{stamp}"
-    log_dir = runs_dir / launch_id / "logs"
-    log_dir.mkdir(parents=True)
-    jobs = jobs_for(args, config, script.stem, launch_id, log_dir)
-    settings = config | {k: yaml_value(v) for k, v in overrides_from(args.set).items()}
-    backend = (RayJobs(args.ray, script, args.config, settings, runs_dir) if args.ray
-               else LocalJobs(script, args.config, runs_dir))
-    max_parallel = args.jobs or (len(jobs) if args.ray else 1)
-    say(f"launch {launch_id}: {len(jobs)} job(s) of {script.relative_to(ROOT)}, {max_parallel} at a time"
-        + (f" as Ray tasks on {args.ray}" if args.ray else ""))
-    run_jobs(jobs, backend, max_parallel, runs_dir)
-    rows = [[job.run_name, job.env, job.seed, job.status, format_return(summary_of(job, runs_dir)),
-             f"{job.end - job.start:.0f}s" if job.end else "-"] for job in jobs]
-    say("\n" + markdown(["job", "env", "seed", "status", "eval return", "wall time"], rows))
-    say(f"\ncurves: python run.py plot {runs_dir}/*__{launch_id} --out {runs_dir / launch_id}/curves.png")
-    if any(job.status in ("stopped", "not started") for job in jobs):
-        return 130
-    return 1 if any(job.status == "failed" for job in jobs) else 0
+    (runs_dir / launch_id / "logs").mkdir(parents=True)
+    jobs = jobs_for(args, config, script.stem, launch_id, runs_dir / launch_id / "logs")
+    record = {"launch_id": launch_id, "config": str(args.config.resolve()), "config_text": args.config.read_text(),
+              "algo": script.stem, "seeds": args.seeds, "envs": args.env, "sweep": sweep, "set": overrides,
+              "track": args.track, "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
+                                             "values": job.values, "argv": job.argv} for job in jobs]}
+    (runs_dir / launch_id / "launch.json").write_text(json.dumps(record, indent=1))
+    counts = [f"{len(values)} {key}" for key, values in sweep.items()]
+    counts += [f"{len(set(args.seeds))} seed(s)", f"{len({job.env for job in jobs})} env(s)"]
+    say(f"launch {launch_id}: {len(jobs)} run(s) of {script.name} ({' x '.join(counts)}), record in "
+        f"{runs_dir / launch_id / 'launch.json'}")
+    settings = config | {k: yaml_value(v) for k, v in overrides.items()}
+    return run_launch(jobs, script, args.config, settings, runs_dir, args, launch_id)
+
+
+def resume(args: argparse.Namespace) -> int:
+    launch_dir = args.launch_dir.resolve()
+    if args.jobs is not None and args.jobs < 1:
+        fail(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        record = json.loads((launch_dir / "launch.json").read_text())
+    except (OSError, ValueError) as e:
+        fail(f"{launch_dir} has no readable launch.json ({e}); give runs/<launch id> as a launch wrote it")
+    script = ALGOS / f"{record['algo']}.py"
+    if not script.is_file():
+        fail(f"the launch ran algos/{record['algo']}.py, which is no longer there")
+    runs_dir = launch_dir.parent
+    jobs = resumed_jobs(record, runs_dir, args.total_timesteps)
+    finished = len(record["jobs"]) - len(jobs)
+    if not jobs:
+        say(f"nothing to resume: all {finished} run(s) of {record['launch_id']} finished")
+        return 0
+    for job in jobs:
+        if not job.resumes and (runs_dir / job.run_name).exists():  # the scripts refuse an existing run directory
+            shutil.rmtree(runs_dir / job.run_name)
+            say(f"removed {runs_dir / job.run_name}: it had no checkpoint.pt to continue from")
+    config = launch_dir / Path(record["config"]).name  # the config as launched, for the jobs started again
+    config.write_text(record["config_text"])
+    settings = (yaml.safe_load(record["config_text"]) or {}) | {k: yaml_value(v) for k, v in record["set"].items()}
+    again = sum(not job.resumes for job in jobs)
+    say(f"resume {record['launch_id']}: {len(jobs) - again} run(s) continue from their checkpoint, {again} start "
+        f"again, {finished} finished")
+    return run_launch(jobs, script, config, settings, runs_dir, args, record["launch_id"])
 
 
 # ---------------------------------------------------------------- results: curves and tables
@@ -380,14 +583,21 @@ def run_dirs_under(paths: list[Path], marker: str) -> list[Path]:
     return sorted(found)
 
 
-def algo_and_env(run_dir: Path) -> tuple[str, str]:
-    for name, algo_key in (("summary.json", "algo"), ("config.yaml", "exp_name")):  # config.yaml: runs in progress
-        try:
-            values = yaml.safe_load((run_dir / name).read_text())  # JSON is YAML
-            return str(values[algo_key]), str(values["env"])
-        except (OSError, KeyError, TypeError, yaml.YAMLError):
-            continue
-    return "?", run_dir.name
+def run_key(run_dir: Path, by: str | None) -> tuple[str, str, Any]:
+    """(algo, env, the value of config key `by` or None) of a run, from its summary.json or config.yaml."""
+    config = {}
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    summary = summary_in(run_dir)
+    algo, env = summary.get("algo", config.get("exp_name", "?")), summary.get("env", config.get("env", run_dir.name))
+    return str(algo), str(env), (config.get(by, "-") if by else None)
+
+
+def key_order(key: tuple[str, str, Any]) -> tuple:
+    """Sorts numbers by value (0.2 before 1.0 before 10), other values by text."""
+    value = key[2]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return key[0], key[1], (0, value, "") if number else (1, 0, str(value))
 
 
 def metric_series(run_dir: Path, metric: str) -> tuple[Any, Any]:
@@ -406,6 +616,16 @@ def metric_series(run_dir: Path, metric: str) -> tuple[Any, Any]:
     return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
 
 
+def rolling_mean(values: Any, window: int) -> Any:
+    """Each point's mean with up to window - 1 points before it (shorter windows at the start)."""
+    import numpy as np
+
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    end = np.arange(1, len(values) + 1)
+    begin = np.maximum(0, end - window)
+    return (sums[end] - sums[begin]) / (end - begin)
+
+
 def seed_band(series: list[tuple[Any, Any]]) -> tuple[Any, Any, Any, Any]:
     """(grid, mean, min, max) over seeds, each seed interpolated onto the steps all of them cover."""
     import numpy as np
@@ -421,77 +641,144 @@ def seed_band(series: list[tuple[Any, Any]]) -> tuple[Any, Any, Any, Any]:
     return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
-def curves_figure(paths: list[Path], metric: str) -> Any:
-    """One panel per env, one line per algorithm: the mean over seeds, shaded from min to max."""
+def curve_metric(runs: list[Path], metric: str | None, smooth: int | None) -> tuple[str, int]:
+    """The metric to plot and its rolling window: the one asked for; by default the evaluation return,
+    or the training return smoothed when some run has fewer than 3 evaluations (a config that
+    evaluates only at the end draws no curve)."""
+    if metric is not None:
+        return metric, smooth or 1
+    if all(len(metric_series(run_dir, "eval/episodic_return")[0]) >= 3 for run_dir in runs) or not all(
+            len(metric_series(run_dir, TRAINING_RETURN)[0]) >= 3 for run_dir in runs):
+        return "eval/episodic_return", smooth or 1
+    window = smooth or TRAINING_SMOOTH
+    say(f"fewer than 3 evaluations in some runs: plotting {TRAINING_RETURN} smoothed over {window} episodes "
+        "(--metric eval/episodic_return plots the evaluations)")
+    return TRAINING_RETURN, window
+
+
+def curves_figure(paths: list[Path], metric: str | None = None, smooth: int | None = None,
+                  by: str | None = None) -> Any:
+    """One panel per env, one line per algorithm (and value of config key `by`): the mean over seeds
+    of each seed's curve (smoothed, then interpolated onto common steps), shaded from min to max."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    groups: dict[tuple[str, str], list] = {}
-    for run_dir in run_dirs_under(paths, "metrics.jsonl"):
+    runs = run_dirs_under(paths, "metrics.jsonl")
+    metric, window = curve_metric(runs, metric, smooth)
+    groups: dict[tuple[str, str, Any], list] = {}
+    for run_dir in runs:
         steps, values = metric_series(run_dir, metric)
         if len(steps):
-            groups.setdefault(algo_and_env(run_dir), []).append((steps, values))
+            groups.setdefault(run_key(run_dir, by), []).append((steps, rolling_mean(values, window)))
         else:
             say(f"skipped {run_dir}: no {metric} in its metrics.jsonl")
     if not groups:
-        fail(f"no run has {metric}; try --metric charts/episodic_return")
-    envs = sorted({env for _, env in groups})
+        fail(f"no run has {metric}; try --metric {TRAINING_RETURN}")
+    envs = sorted({env for _, env, _ in groups})
     cols = min(3, len(envs))
     rows = -(-len(envs) // cols)
     fig = Figure(figsize=(5 * cols, 3.5 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(rows, cols, squeeze=False).flat)
     for ax, env in zip(axes, envs, strict=False):
-        for (algo, _), series in sorted((k, v) for k, v in groups.items() if k[1] == env):
+        for key in sorted((k for k in groups if k[1] == env), key=key_order):
+            series, (algo, _, value) = groups[key], key
             grid, mean, low, high = seed_band(series)
-            line, = ax.plot(grid, mean, marker="o" if len(grid) == 1 else None, label=f"{algo} ({len(series)} seeds)")
+            label = f"{algo}{f' {by}={value}' if by else ''} ({len(series)} seeds)"
+            line, = ax.plot(grid, mean, marker="o" if len(grid) == 1 else None, label=label)
             if len(grid) > 1:
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
             else:  # a single evaluation: a bar shows the spread where a band would be invisible
                 ax.vlines(grid, low, high, color=line.get_color(), alpha=0.4, linewidth=6)
-        ax.set(title=env, xlabel="global_step", ylabel=metric)
+        ylabel = metric + (f" (rolling mean of {window})" if window > 1 else "")
+        ax.set(title=env, xlabel="global_step", ylabel=ylabel)
         ax.legend()
     for ax in axes[len(envs):]:
         ax.set_visible(False)  # the grid's unused panels
     return fig
 
 
-def results_table(paths: list[Path]) -> str:
-    """Markdown: the final evaluation return per (algo, env), mean ± std over seeds."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+def mean_eval_return(run_dir: Path) -> float | None:
+    """The area under the evaluation curve over its step span: the mean return over the run
+    (trapezoids between evaluations); None with fewer than two evaluations."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        return None
+    steps, values = metric_series(run_dir, "eval/episodic_return")
+    if len(steps) < 2 or steps[-1] == steps[0]:
+        return None
+    return float(((values[1:] + values[:-1]) / 2 * (steps[1:] - steps[:-1])).sum() / (steps[-1] - steps[0]))
+
+
+def mean_and_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.1f} ± {statistics.pstdev(values):.1f}" if values else "-"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f}min" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def results_table(paths: list[Path], by: str | None = None) -> str:
+    """Markdown, one row per (algo, env[, value of config key `by`]): the final evaluation return and the
+    mean evaluation return over the run (the area under its curve), each as mean ± std over seeds."""
+    groups: dict[tuple[str, str, Any], list[Path]] = {}
     for run_dir in run_dirs_under(paths, "summary.json"):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        groups.setdefault((summary.get("algo", "?"), summary.get("env", "?")), []).append(summary)
+        groups.setdefault(run_key(run_dir, by), []).append(run_dir)
     rows = []
-    for (algo, env), summaries in sorted(groups.items()):
+    for key in sorted(groups, key=key_order):
+        summaries = [summary_in(run_dir) for run_dir in groups[key]]
         returns = [s["eval_return_mean"] for s in summaries if s.get("eval_return_mean") is not None]
+        areas = [a for a in map(mean_eval_return, groups[key]) if a is not None]
         steps = sorted({s.get("global_step", 0) for s in summaries})
-        shown = f"{statistics.fmean(returns):.1f} ± {statistics.pstdev(returns):.1f}" if returns else "-"
-        rows.append([algo, env, len(returns), shown, steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"])
-    return markdown(["algo", "env", "seeds", "eval return (mean ± std over seeds)", "steps"], rows)
+        walls = [s["wall_time_s"] for s in summaries if s.get("wall_time_s") is not None]
+        rows.append([key[0], key[1], *([key[2]] if by else []), len(returns), mean_and_std(returns),
+                     mean_and_std(areas), steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}",
+                     duration(statistics.fmean(walls)) if walls else "-"])
+    header = ["algo", "env", *([by] if by else []), "seeds", "final eval return (mean ± std over seeds)",
+              "mean eval return over the run (area under curve)", "steps", "wall time (mean)"]
+    return markdown(header, rows)
 
 
 # ---------------------------------------------------------------- command line
 
 def launch_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run.py", description="Run a config once per seed x env.")
+    p = argparse.ArgumentParser(prog="run.py", description="Run a config once per env x swept values x seed.")
     p.add_argument("config", type=Path, help="configs/<algo>/<env>.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds to run (default: 1)")
     p.add_argument("--env", nargs="+", help="environment ids (default: the config's env)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override a script argument in every job, e.g. --set learning_rate=1e-3 cuda=true")
-    p.add_argument("--jobs", type=int, help="jobs running at once (default: 1; with --ray all, queued by resources)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="run every value (YAML, as --set); several --sweep run their cartesian product")
+    add_where_options(p)
     p.add_argument("--track", action="store_true", help="log to W&B, grouped by launch")
-    p.add_argument("--ray", metavar="ADDRESS", help="run as Ray tasks: auto, local, or a cluster address")
     p.add_argument("--runs-dir", default="runs", help="where run directories and logs go (default: runs)")
+    return p
+
+
+def add_where_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, help="jobs running at once (default: 1; with --ray all, queued by resources)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run as Ray tasks: auto, local, or a cluster address")
+
+
+def resume_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="run.py resume", description="Continue the unfinished jobs of a launch: "
+                                "from their checkpoint.pt with --resume, else from scratch.")
+    p.add_argument("launch_dir", type=Path, help="runs/<launch id>, the folder holding the launch's launch.json")
+    p.add_argument("--total-timesteps", type=int, help="train every unfinished run this long instead")
+    add_where_options(p)
     return p
 
 
 def results_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"run.py {command}")
     p.add_argument("run_dirs", type=Path, nargs="+", help="run directories, or directories holding them")
+    p.add_argument("--by", metavar="KEY", help="split by this key of each run's config.yaml, e.g. --by alpha")
     if command == "plot":
-        p.add_argument("--metric", default="eval/episodic_return", help="a tag in metrics.jsonl")
+        p.add_argument("--metric", help="a tag in metrics.jsonl (default: eval/episodic_return, or "
+                       f"{TRAINING_RETURN} smoothed when some run has fewer than 3 evaluations)")
+        p.add_argument("--smooth", type=int, metavar="N", help="rolling mean over N points of each run's curve")
         p.add_argument("--out", type=Path, default=Path("curves.png"), help="the image to write")
     return p
 
@@ -511,12 +798,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "plot":
         args = results_parser("plot").parse_args(argv[1:])
-        curves_figure(args.run_dirs, args.metric).savefig(args.out, dpi=120)
+        if args.smooth is not None and args.smooth < 1:
+            fail(f"--smooth must be >= 1, got {args.smooth}")
+        curves_figure(args.run_dirs, args.metric, args.smooth, args.by).savefig(args.out, dpi=120)
         say(f"wrote {args.out}")
         return 0
     if argv[0] == "table":
-        say(results_table(results_parser("table").parse_args(argv[1:]).run_dirs))
+        args = results_parser("table").parse_args(argv[1:])
+        say(results_table(args.run_dirs, args.by))
         return 0
+    if argv[0] == "resume":
+        return resume(resume_parser().parse_args(argv[1:]))
     return launch(launch_parser().parse_args(argv))
 
 

@@ -1,12 +1,15 @@
-"""Tests for run.py: launching seeds x envs (locally and on Ray), failures, Ctrl-C, curves and tables."""
+"""Tests for run.py: launching seeds x envs x sweeps (locally and on Ray), failures, Ctrl-C, resuming a launch,
+curves and tables."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,11 +24,58 @@ TINY = {"algo": "dqn", "env": "CartPole-v1", "total_timesteps": 600, "learning_s
         "batch_size": 32, "train_frequency": 4, "gradient_steps": 1, "target_network_frequency": 100, "num_envs": 1,
         "eval_frequency": 0, "eval_episodes": 2, "threads": 1, "compile": False, "cuda": False}
 ENV = {**os.environ, "WANDB_MODE": "offline"}
+# A stand-in algorithm script for launching and resuming: the real scripts' flags, run directory and
+# --resume (continue from checkpoint.pt with the run's saved arguments), no learning. Each call appends
+# its arguments to argv.jsonl in its run directory.
+STUB = """
+import argparse, json, sys
+from pathlib import Path
+import yaml
+
+p = argparse.ArgumentParser()
+for flag in ("--config", "--env", "--run-name", "--resume", "--wandb-group"):
+    p.add_argument(flag)
+p.add_argument("--seed", type=int)
+p.add_argument("--total-timesteps", type=int)
+p.add_argument("--alpha", type=float)
+p.add_argument("--track", action="store_true")
+args = p.parse_args()
+if args.resume:
+    run_dir = Path(args.resume)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    step = json.loads((run_dir / "checkpoint.pt").read_text())["global_step"]
+else:
+    config = yaml.safe_load(Path(args.config).read_text()) | {k: v for k, v in vars(args).items() if v is not None}
+    config["exp_name"] = "stub"
+    run_dir = Path("runs") / args.run_name
+    run_dir.mkdir(parents=True)  # as the real scripts: an existing run directory is refused
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    step = 0
+total = args.total_timesteps or config["total_timesteps"]
+with open(run_dir / "argv.jsonl", "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+with open(run_dir / "metrics.jsonl", "a") as f:
+    for step in range(step + 100, total + 1, 100):
+        f.write(json.dumps({"global_step": step, "eval/episodic_return": float(step)}) + "\\n")
+(run_dir / "checkpoint.pt").write_text(json.dumps({"global_step": step}))
+summary = {"algo": "stub", "env": config["env"], "seed": config["seed"], "eval_return_mean": float(step),
+           "eval_return_std": 0.0, "global_step": step, "interrupted": False}
+(run_dir / "summary.json").write_text(json.dumps(summary))
+"""
 
 
 @pytest.fixture(autouse=True)
 def wandb_offline(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+@pytest.fixture
+def stub(tmp_path, monkeypatch) -> Path:
+    """A config of the stub algorithm, whose script run.py finds in tmp_path/algos."""
+    (tmp_path / "algos").mkdir()
+    (tmp_path / "algos" / "stub.py").write_text(STUB)
+    monkeypatch.setattr(run, "ALGOS", tmp_path / "algos")
+    return write_config(tmp_path / "configs" / "tiny.yaml", {"algo": "stub", "env": "Stub-v0", "total_timesteps": 600})
 
 
 def write_config(path: Path, values: dict) -> Path:
@@ -46,16 +96,18 @@ def table_rows(output: str) -> dict[str, list[str]]:
 
 
 def write_run(root: Path, algo: str, env: str, seed: int, points: list[tuple[int, float]],
-              eval_return: float | None = None, steps: int = 1000) -> Path:
-    """A fake run directory in tracking.Run's layout."""
-    run_dir = root / f"{env}__{algo}__{seed}__0"
+              eval_return: float | None = None, steps: int = 1000, config: dict | None = None,
+              training: list[tuple[int, float]] = (), wall_time: float = 60.0) -> Path:
+    """A fake run directory in the scripts' layout: evaluation `points`, training returns `training`."""
+    run_dir = root / "__".join([env, algo, *(f"{k}={v}" for k, v in (config or {}).items()), str(seed), "0"])
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"exp_name": algo, "env": env, "seed": seed}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"exp_name": algo, "env": env, "seed": seed, **(config or {})}))
     lines = [json.dumps({"global_step": step, "eval/episodic_return": value}) for step, value in points]
+    lines += [json.dumps({"global_step": step, "charts/episodic_return": value}) for step, value in training]
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if eval_return is not None:
         summary = {"run_name": run_dir.name, "env": env, "algo": algo, "seed": seed, "eval_return_mean": eval_return,
-                   "eval_return_std": 0.0, "global_step": steps}
+                   "eval_return_std": 0.0, "global_step": steps, "wall_time_s": wall_time}
         (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -79,11 +131,20 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         ([str(config), "--set", "learning_rate"], "--set takes key=value"),
         ([str(config), "--set", "seed=3"], "use --seeds"),
         ([str(config), "--jobs", "0"], "--jobs must be >= 1"),
+        ([str(config), "--sweep", "alpha"], "--sweep takes key=v1,v2,..., got 'alpha'"),
+        ([str(config), "--sweep", "alpha="], "'alpha=' has an empty value"),
+        ([str(config), "--sweep", "alpha=0.2,,0.4"], "has an empty value"),
+        ([str(config), "--sweep", "seed=1,2"], "--sweep seed=...: run.py sets seed itself; use --seeds"),
+        ([str(config), "--sweep", "env=CartPole-v1"], "use --env"),
+        ([str(config), "--set", "alpha=0.1", "--sweep", "alpha=0.2,0.4"], "alpha is given both in --set and --sweep"),
+        ([str(config), "--sweep", "alpha=0.2", "--sweep", "alpha=0.4"], "--sweep alpha is given twice"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):
             run.main([*argv, "--runs-dir", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    with pytest.raises(SystemExit, match="no readable launch.json"):
+        run.main(["resume", str(tmp_path)])
     result = launcher(config, "--set", "oops")  # and from the shell: one line, no traceback
     assert result.returncode != 0 and result.stderr.strip() == "error: --set takes key=value, got 'oops'"
 
@@ -100,6 +161,25 @@ def test_jobs_pass_seeds_envs_overrides_and_tracking(tmp_path):
                             "c__123"]
     untracked = run.jobs_for(run.launch_parser().parse_args(["c.yaml"]), TINY, "dqn", "c__1", tmp_path)
     assert len(untracked) == 1 and "--track" not in untracked[0].argv and "CartPole-v1" in untracked[0].argv
+
+
+def test_a_sweep_runs_the_product_of_its_values_for_every_env_and_seed(tmp_path):
+    args = run.launch_parser().parse_args(
+        ["c.yaml", "--seeds", "1", "2", "--env", "CartPole-v1", "Acrobot-v1", "--sweep", "alpha=0.2,1e-3,0.2",
+         "--sweep", "double-q=true,false", "--set", "gamma=0.9", "--sweep", "note=a b/c", "--track"])
+    jobs = run.jobs_for(args, TINY, "per_dqn", "c__9", tmp_path)
+    assert len(jobs) == 2 * 2 * 2 * 1 * 2  # envs x alpha (0.2 once) x double_q x note x seeds
+    assert [job.run_name for job in jobs[:3]] == [
+        "CartPole-v1__per_dqn__alpha=0.2__double_q=true__note=a-b-c__1__c__9",
+        "CartPole-v1__per_dqn__alpha=0.2__double_q=true__note=a-b-c__2__c__9",
+        "CartPole-v1__per_dqn__alpha=0.2__double_q=false__note=a-b-c__1__c__9"]
+    assert len({job.run_name for job in jobs}) == len(jobs)
+    job = jobs[7]  # CartPole-v1, alpha 1e-3, double_q false, seed 2
+    assert job.values == {"alpha": "1e-3", "double_q": "false", "note": "a b/c"} and job.seed == 2
+    assert job.argv == ["--seed", "2", "--env", "CartPole-v1", "--gamma", "0.9", "--alpha", "1e-3", "--no-double-q",
+                        "--note", "a b/c", "--run-name", job.run_name, "--track", "--wandb-group", "c__9"]
+    assert job.label == "CartPole-v1 alpha=1e-3 double_q=false note=a b/c seed 2"
+    assert {job.env for job in jobs[8:]} == {"Acrobot-v1"}
 
 
 def test_last_global_step_reads_a_file_still_being_written(tmp_path):
@@ -169,14 +249,18 @@ def test_ctrl_c_stops_the_jobs_and_reports(tmp_path):
     assert not list(runs_dir.glob("CartPole-v1__dqn__2__*"))
 
 
-def test_ray_runs_the_job_on_a_local_cluster_and_brings_the_run_back(tmp_path):
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray for this module's in-process Ray tests (run.py uses a Ray that is already running)."""
     ray = pytest.importorskip("ray")
-    config = write_config(tmp_path / "tiny.yaml", TINY)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        code = run.main([str(config), "--seeds", "3", "--ray", "local", "--runs-dir", str(tmp_path / "runs")])
-    finally:
-        ray.shutdown()
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_runs_the_job_on_a_local_cluster_and_brings_the_run_back(tmp_path, ray_cluster):
+    config = write_config(tmp_path / "tiny.yaml", TINY)
+    code = run.main([str(config), "--seeds", "3", "--ray", "local", "--runs-dir", str(tmp_path / "runs")])
     assert code == 0
     [run_dir] = (tmp_path / "runs").glob("CartPole-v1__dqn__3__tiny__*")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -184,6 +268,111 @@ def test_ray_runs_the_job_on_a_local_cluster_and_brings_the_run_back(tmp_path):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) > 1
     [log] = (tmp_path / "runs").glob("tiny__*/logs/*.log")
     assert f"run {run_dir.name}" in log.read_text()
+
+
+@pytest.mark.slow
+def test_ray_ctrl_c_brings_each_run_back_with_its_summary(tmp_path):
+    """run.py starts its own local Ray; Ctrl-C stops the tasks' jobs gently and their runs come back."""
+    pytest.importorskip("ray")
+    stem = f"ctrlc{os.getpid()}"  # the jobs' run directories live in Ray's workers' temporary directories
+    config = write_config(tmp_path / f"{stem}.yaml", {**TINY, "total_timesteps": 10_000_000})
+    runs_dir = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), str(config), "--seeds", "1", "2", "--ray", "local",
+                             "--runs-dir", str(runs_dir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and sum(bool(run.last_global_step(m)) for m in Path(tempfile.gettempdir()).glob(
+                f"run-py-*/runs/*__{stem}__*/metrics.jsonl")) < 2:
+            time.sleep(0.5)  # until both jobs are training
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert {cells[1]: cells[2] for cells in table_rows(output).values()} == {"1": "stopped", "2": "stopped"}, output
+    assert f"resume: python run.py resume {runs_dir}/{stem}__" in output
+    for seed in (1, 2):
+        [run_dir] = runs_dir.glob(f"CartPole-v1__dqn__{seed}__{stem}__*")
+        assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True, output
+        assert run.last_global_step(run_dir / "metrics.jsonl") > 0
+        [log] = runs_dir.glob(f"{stem}__*/logs/{run_dir.name}.log")
+        assert "interrupted at step" in log.read_text()
+
+
+# ---------------------------------------------------------------- resuming a launch
+
+def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_path):
+    runs = tmp_path / "runs"
+    states = {"finished": ("summary", "checkpoint"), "preempted": ("checkpoint", "config"),
+              "stopped": ("interrupted", "checkpoint"), "stopped_early": ("interrupted", "config"),
+              "crashed_early": ("config",), "never_started": ()}
+    for name, files in states.items():
+        if files:
+            (runs / name).mkdir(parents=True)
+        for file in files:
+            text = json.dumps({"interrupted": file == "interrupted", "eval_return_mean": 1.0})
+            path = {"summary": "summary.json", "interrupted": "summary.json", "config": "config.yaml",
+                    "checkpoint": "checkpoint.pt"}[file]
+            (runs / name / path).write_text(text)
+    record = {"launch_id": "l__1", "jobs": [{"run_name": name, "env": "E", "seed": seed, "values": {"alpha": "0.2"},
+                                             "argv": ["--seed", str(seed), "--run-name", name]}
+                                            for seed, name in enumerate(states)]}
+    jobs = run.resumed_jobs(record, runs)
+    assert {job.run_name: job.argv for job in jobs} == {
+        "preempted": ["--resume", "runs/preempted"], "stopped": ["--resume", "runs/stopped"],
+        "stopped_early": ["--seed", "3", "--run-name", "stopped_early"],
+        "crashed_early": ["--seed", "4", "--run-name", "crashed_early"],
+        "never_started": ["--seed", "5", "--run-name", "never_started"]}
+    assert [job.resumes for job in jobs] == [True, True, False, False, False]
+    assert jobs[0].log == runs / "l__1" / "logs" / "preempted.log" and jobs[0].values == {"alpha": "0.2"}
+    assert jobs[0].script_args("c.yaml") == ["--resume", "runs/preempted"]
+    assert jobs[2].script_args("c.yaml") == ["--config", "c.yaml", "--seed", "3", "--run-name", "stopped_early"]
+    longer = run.resumed_jobs(record, runs, total_timesteps=900)
+    assert longer[0].argv == ["--resume", "runs/preempted", "--total-timesteps", "900"]
+    assert longer[2].argv == ["--seed", "3", "--run-name", "stopped_early", "--total-timesteps", "900"]
+
+
+@pytest.mark.parametrize("where", ["local", "ray"])
+def test_a_launch_records_its_jobs_and_resumes_the_unfinished_ones(stub, tmp_path, capsys, request, where):
+    runs = tmp_path / "runs"
+    ray = ["--ray", "local"] if where == "ray" else ["--jobs", "4"]
+    if where == "ray":
+        request.getfixturevalue("ray_cluster")
+    assert run.main([str(stub), "--seeds", "1", "2", "--sweep", "alpha=0.2,0.4", "--runs-dir", str(runs), *ray]) == 0
+    assert "4 run(s) of stub.py (2 alpha x 2 seed(s) x 1 env(s))" in capsys.readouterr().out
+    [launch_dir] = runs.glob("tiny__*")
+    record = json.loads((launch_dir / "launch.json").read_text())
+    names = [f"Stub-v0__stub__alpha={alpha}__{seed}__{launch_dir.name}" for alpha in ("0.2", "0.4") for seed in (1, 2)]
+    assert [job["run_name"] for job in record["jobs"]] == names
+    assert record["config_text"] == stub.read_text() and record["sweep"] == {"alpha": ["0.2", "0.4"]}
+    run_dirs = [runs / name for name in names]
+    assert [yaml.safe_load((d / "config.yaml").read_text())["alpha"] for d in run_dirs] == [0.2, 0.2, 0.4, 0.4]
+
+    # 0 finished; 1 preempted after a checkpoint at step 300; 2 stopped before its first checkpoint; 3 lost
+    (run_dirs[1] / "summary.json").unlink()
+    (run_dirs[1] / "checkpoint.pt").write_text(json.dumps({"global_step": 300}))
+    (run_dirs[2] / "checkpoint.pt").unlink()
+    (run_dirs[2] / "summary.json").write_text(json.dumps({"interrupted": True}))
+    shutil.rmtree(run_dirs[3])
+    stub.write_text("total_timesteps: oops")  # changed since: the jobs started again use the config as launched
+    assert run.main(["resume", str(launch_dir), "--total-timesteps", "900", *ray]) == 0
+    out = capsys.readouterr().out
+    assert f"resume {launch_dir.name}: 1 run(s) continue from their checkpoint, 2 start again, 1 finished" in out
+    assert f"removed {run_dirs[2]}: it had no checkpoint.pt" in out
+    calls = [[json.loads(line) for line in (d / "argv.jsonl").read_text().splitlines()] for d in run_dirs]
+    config = str(launch_dir / "tiny.yaml") if where == "local" else "tiny.yaml"  # Ray ships it by name
+    assert calls[0] == [["--config", str(stub.resolve()) if where == "local" else "tiny.yaml",
+                         *record["jobs"][0]["argv"]]]
+    assert calls[1][1] == ["--resume", f"runs/{names[1]}", "--total-timesteps", "900"]
+    for i in (2, 3):
+        assert calls[i] == [["--config", config, *record["jobs"][i]["argv"], "--total-timesteps", "900"]]
+    steps = [json.loads(line)["global_step"] for line in (run_dirs[1] / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [*range(100, 700, 100), *range(400, 1000, 100)]  # continued from its checkpoint's step
+    assert [run.summary_in(d)["global_step"] for d in run_dirs] == [600, 900, 900, 900]
+
+    assert run.main(["resume", str(launch_dir), *ray]) == 0
+    assert "nothing to resume: all 4 run(s)" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- curves and tables
@@ -226,5 +415,70 @@ def test_table_gives_mean_and_std_over_seeds(tmp_path, capsys):
     write_run(tmp_path / "runs", "ddpg", "Hopper-v5", 1, [(0, 0.0)])  # no summary.json yet: not in the table
     assert run.main(["table", str(tmp_path / "runs")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[2:] == ["| dqn | CartPole-v1 | 3 | 20.0 ± 8.2 | 1000 |",
-                         "| per_dqn | CartPole-v1 | 2 | -5.0 ± 0.2 | 800–900 |"]
+    assert lines[0].split(" | ")[3:] == ["final eval return (mean ± std over seeds)",
+                                         "mean eval return over the run (area under curve)", "steps",
+                                         "wall time (mean) |"]
+    assert lines[2:] == ["| dqn | CartPole-v1 | 3 | 20.0 ± 8.2 | - | 1000 | 60s |",  # one evaluation: no area
+                         "| per_dqn | CartPole-v1 | 2 | -5.0 ± 0.2 | - | 800–900 | 60s |"]
+
+
+def test_table_splits_by_a_config_key_with_the_area_under_the_evaluation_curve(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    # the areas: (0 + 10) / 2 * 100 + 10 * 200 = 2500 over 300 steps, and (20 + 40) / 2 = 30 over 100 steps
+    write_run(runs, "per_dqn", "CartPole-v1", 1, [(300, 10.0), (0, 0.0), (100, 10.0)], eval_return=10.0,
+              config={"alpha": 0.2}, wall_time=30.0)
+    write_run(runs, "per_dqn", "CartPole-v1", 2, [(100, 20.0), (200, 40.0)], eval_return=40.0,
+              config={"alpha": 0.2}, wall_time=250.0)
+    write_run(runs, "per_dqn", "CartPole-v1", 1, [(100, 5.0)], eval_return=5.0, config={"alpha": 10}, wall_time=9000)
+    write_run(runs, "per_dqn", "CartPole-v1", 1, [(100, 7.0)], eval_return=7.0, config={"alpha": 2})
+    write_run(runs, "dqn", "CartPole-v1", 1, [(100, 7.0)], eval_return=7.0)  # no alpha in its config
+    assert run.main(["table", str(runs), "--by", "alpha"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| algo | env | alpha | seeds |")
+    assert lines[2:] == ["| dqn | CartPole-v1 | - | 1 | 7.0 ± 0.0 | - | 1000 | 60s |",
+                         "| per_dqn | CartPole-v1 | 0.2 | 2 | 25.0 ± 15.0 | 19.2 ± 10.8 | 1000 | 2min |",
+                         "| per_dqn | CartPole-v1 | 2 | 1 | 7.0 ± 0.0 | - | 1000 | 60s |",  # 2 before 10: numbers
+                         "| per_dqn | CartPole-v1 | 10 | 1 | 5.0 ± 0.0 | - | 1000 | 2.5h |"]
+    assert run.mean_eval_return(runs / "CartPole-v1__per_dqn__alpha=0.2__1__0") == pytest.approx(2500 / 300)
+
+
+def test_plot_splits_by_a_config_key_and_smooths_each_run_before_averaging(tmp_path):
+    write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 0.0), (100, 10.0), (200, 20.0), (300, 30.0)],
+              config={"alpha": 2})
+    write_run(tmp_path, "per_dqn", "CartPole-v1", 2, [(0, 10.0), (150, 10.0), (300, 40.0)], config={"alpha": 2})
+    write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 1.0), (300, 2.0)], config={"alpha": 10})
+    write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 1.0), (300, 2.0)], config={"alpha": 0.5})
+    fig = run.curves_figure([tmp_path], "eval/episodic_return", smooth=2, by="alpha")
+    [ax] = fig.axes
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["per_dqn alpha=0.5 (1 seeds)", "per_dqn alpha=2 (2 seeds)",
+                                                    "per_dqn alpha=10 (1 seeds)"]
+    assert ax.get_ylabel() == "eval/episodic_return (rolling mean of 2)"
+    # smoothed first: seed 1 is 0, 5, 15, 25 at 0, 100, 200, 300 and seed 2 is 10, 10, 25 at 0, 150, 300;
+    # then each is interpolated onto every step either has: 0, 100, 150, 200, 300
+    assert list(lines[1].get_xdata()) == [0, 100, 150, 200, 300]
+    assert list(lines[1].get_ydata()) == pytest.approx([5.0, 7.5, 10.0, 15.0, 25.0])
+    assert list(lines[2].get_ydata()) == pytest.approx([1.0, 1.5])
+
+
+def test_plot_falls_back_to_the_smoothed_training_return_when_evaluations_are_few(tmp_path, capsys):
+    training = [(10 * (i + 1), float(i * i)) for i in range(10)]  # 0, 1, 4, 9, ... at steps 10..100
+    write_run(tmp_path, "dqn", "CartPole-v1", 1, [(100, 500.0)], training=training)
+    write_run(tmp_path, "dqn", "CartPole-v1", 2, [(0, 9.0), (50, 20.0), (100, 500.0)], training=training)
+    fig = run.curves_figure([tmp_path], smooth=3)
+    assert "fewer than 3 evaluations in some runs: plotting charts/episodic_return smoothed over 3 episodes" in (
+        capsys.readouterr().out)
+    [ax] = fig.axes
+    [line] = ax.get_lines()
+    assert ax.get_ylabel() == "charts/episodic_return (rolling mean of 3)"
+    squares = [i * i for i in range(10)]
+    assert list(line.get_ydata()) == pytest.approx(
+        [sum(squares[max(0, i - 2):i + 1]) / len(squares[max(0, i - 2):i + 1]) for i in range(10)])
+    assert run.curves_figure([tmp_path]).axes[0].get_ylabel() == "charts/episodic_return (rolling mean of 20)"
+    asked = run.curves_figure([tmp_path], "eval/episodic_return").axes[0]  # asked for by name: no fallback
+    assert asked.get_ylabel() == "eval/episodic_return" and list(asked.get_lines()[0].get_xdata()) == [100]
+    (tmp_path / "CartPole-v1__dqn__1__0" / "metrics.jsonl").write_text(json.dumps({"global_step": 1,
+                                                                                   "eval/episodic_return": 3}))
+    assert run.curves_figure([tmp_path]).axes[0].get_ylabel() == "eval/episodic_return"  # no training return there
+    write_run(tmp_path / "ok", "dqn", "CartPole-v1", 1, [(0, 1.0), (1, 2.0), (2, 3.0)], training=training)
+    assert run.curves_figure([tmp_path / "ok"]).axes[0].get_ylabel() == "eval/episodic_return"  # 3 evaluations
