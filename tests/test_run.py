@@ -211,7 +211,7 @@ def test_launch_runs_every_seed_and_prints_the_table(tmp_path):
         assert rows[name][:3] == ["CartPole-v1", str(seed), "ok"]
         assert rows[name][3].startswith(f"{summary['eval_return_mean']:.1f} ± ")
         launch_id = name.split("__dqn__")[1].split("__", 1)[1]
-        assert f"run {name}" in (tmp_path / "runs" / launch_id / "logs" / f"{name}.log").read_text()
+        assert f"run runs/{name} on cpu" in (tmp_path / "runs" / launch_id / "logs" / f"{name}.log").read_text()
 
 
 def test_a_failed_job_is_reported_and_the_others_finish(tmp_path):
@@ -267,7 +267,7 @@ def test_ray_runs_the_job_on_a_local_cluster_and_brings_the_run_back(tmp_path, r
     assert summary["seed"] == 3 and summary["global_step"] == 600
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) > 1
     [log] = (tmp_path / "runs").glob("tiny__*/logs/*.log")
-    assert f"run {run_dir.name}" in log.read_text()
+    assert f"run runs/{run_dir.name} on" in log.read_text()
 
 
 @pytest.mark.slow
@@ -297,7 +297,7 @@ def test_ray_ctrl_c_brings_each_run_back_with_its_summary(tmp_path):
         assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True, output
         assert run.last_global_step(run_dir / "metrics.jsonl") > 0
         [log] = runs_dir.glob(f"{stem}__*/logs/{run_dir.name}.log")
-        assert "interrupted at step" in log.read_text()
+        assert "stopped by SIGINT at step" in log.read_text()
 
 
 # ---------------------------------------------------------------- resuming a launch
