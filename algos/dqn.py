@@ -246,7 +246,7 @@ class Run:
                 self.wandb.log({"media/video": self.video(str(video))}, step=counts["global_step"])
             self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
             self.wandb.finish()
-        result = f"{np.mean(returns):.1f} ± {np.std(returns):.1f} over {len(returns)} episodes" if returns else "none (stopped)"
+        result = f"{np.mean(returns):.1f} ± {np.std(returns):.1f} over {len(returns)} episodes" if returns else "none"
         print(f"final evaluation: {result} | {counts['global_step']} steps | {summary['wall_time_s']:.0f} s | "
               f"{self.dir}")
         return summary
