@@ -482,3 +482,35 @@ def test_plot_falls_back_to_the_smoothed_training_return_when_evaluations_are_fe
     assert run.curves_figure([tmp_path]).axes[0].get_ylabel() == "eval/episodic_return"  # no training return there
     write_run(tmp_path / "ok", "dqn", "CartPole-v1", 1, [(0, 1.0), (1, 2.0), (2, 3.0)], training=training)
     assert run.curves_figure([tmp_path / "ok"]).axes[0].get_ylabel() == "eval/episodic_return"  # 3 evaluations
+
+
+@pytest.mark.slow
+def test_a_stopped_launch_of_the_real_scripts_resumes(tmp_path):
+    """Ctrl-C a launch mid-run, then `run.py resume`: the stopped job continues from the checkpoint its
+    SIGINT wrote (dqn.py --resume), the job that never started starts, and both finish their steps."""
+    config = write_config(tmp_path / "two.yaml", {**TINY, "total_timesteps": 4000, "train_frequency": 1})
+    runs_dir = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), str(config), "--seeds", "1", "2",
+                             "--runs-dir", str(runs_dir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not any((run.last_global_step(m) or 0) >= 1000
+                                                 for m in runs_dir.glob("*/metrics.jsonl")):
+            time.sleep(0.2)  # until the first job is well into training
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    [launch] = [d for d in runs_dir.iterdir() if (d / "launch.json").exists()]
+    [first] = runs_dir.glob("CartPole-v1__dqn__1__*")
+    assert (first / "checkpoint.pt").exists() and json.loads((first / "summary.json").read_text())["interrupted"]
+    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "resume", str(launch)], cwd=ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for seed in (1, 2):
+        [run_dir] = runs_dir.glob(f"CartPole-v1__dqn__{seed}__*")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["global_step"] == 4000 and summary["interrupted"] is False and summary["eval_episodes"] == 2
+    assert "resuming runs/" in (launch / "logs" / f"{first.name}.log").read_text()
