@@ -112,7 +112,7 @@ class ReplayBuffer:
     def _check_sample(self, batch_size: int) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if self.written == 0:
+        if self.storage is None:  # as written == 0, but not a Python int that torch.compile would guard on
             raise RuntimeError("cannot sample from an empty buffer: extend it first")
 
     def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:

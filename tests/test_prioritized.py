@@ -22,19 +22,20 @@ from buffers import PrioritizedReplayBuffer, SegmentTree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# (arity, top): the default; rows of 32 under a small top (2-3 levels here); a binary tree down to
-# a single root; a ternary one whose leaves need padding (7 levels over 1000 leaves).
-TREE_SHAPES = {"default": (32, 4096), "wide": (32, 64), "binary": (2, 1), "deep": (3, 4)}
+# (arity, top): the default (one level above the leaves here); rows of 32 under a small top (2-3
+# levels here); a binary tree down to a single root; a ternary one whose leaves need padding
+# (6-7 levels over 1000 leaves).
+TREE_SHAPES = {"default": (32, 32768), "wide": (32, 16), "binary": (2, 1), "deep": (3, 4)}
 assert TREE_SHAPES["default"] == (PrioritizedReplayBuffer.tree_arity, PrioritizedReplayBuffer.tree_top)
 
 
-def make_tree(capacity: int, op: str, device, shape: str) -> SegmentTree:
-    return SegmentTree(capacity, op, device, *TREE_SHAPES[shape])
+def make_tree(capacity: int, device, shape: str) -> SegmentTree:
+    return SegmentTree(capacity, device, *TREE_SHAPES[shape])
 
 
 @pytest.fixture(params=["default", "wide", "deep"])
 def tree_shape(request, monkeypatch):
-    """Run a buffer test with the default trees and with deeper ones."""
+    """Run a buffer test with the default tree and with deeper ones."""
     arity, top = TREE_SHAPES[request.param]
     monkeypatch.setattr(PrioritizedReplayBuffer, "tree_arity", arity)
     monkeypatch.setattr(PrioritizedReplayBuffer, "tree_top", top)
@@ -51,38 +52,52 @@ def fill(buf, count: int, start: int = 0, chunk: int = 64) -> None:
         buf.extend(items(torch.arange(lo, min(lo + chunk, start + count))))
 
 
+def positive_min(values: np.ndarray, axis=None) -> np.ndarray:
+    """The minimum of the positive values (inf where there are none): what the tree's minimums keep."""
+    return np.where(values > 0, values, np.inf).min(axis=axis)
+
+
 def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> None:
     """No drift: every level equals the reduction of the rows of the level below, bit for bit.
 
-    Each level is compared with torch's own sum/amin over the whole level below, on the tree's
-    device (the reduction an update applies to each row), and with numpy's: exactly for min,
-    to 1e-12 relative for sum (numpy may add in another order). Each level has `arity` entries
-    per entry of the one above, the top at most `top`. With `leaves`, the leaves must equal them
-    exactly, and the padding leaves hold the identity.
+    Each level is compared with torch's own reductions over the whole level below, on the tree's
+    device (the reductions an update applies to each row: sum; amin, over the positive leaves
+    for the level above the leaves), and with numpy's: exactly for min, to 1e-12 relative for sum
+    (numpy may add in another order). Each level is [2, n] float64 (sums, minimums), with `arity`
+    entries per entry of the level above; the top has at most `top` entries. With `leaves`, the
+    leaves must equal them exactly, and the padding leaves are 0. The roots are the top's sum
+    and min.
     """
-    identity, reduce = (0.0, torch.sum) if tree.op == "sum" else (math.inf, torch.amin)
     arity = tree.arity
     levels = tree.levels
-    assert all(level.dtype == torch.float64 for level in levels)
-    assert levels[-1].numel() <= tree.top and levels[0].numel() >= tree.capacity
-    assert all(children.numel() == arity * parents.numel() for children, parents in pairwise(levels))
+    assert tree.leaves.dtype == torch.float64 and tree.leaves.shape == (tree.leaves.numel(),)
+    assert all(level.dtype == torch.float64 and level.shape[0] == 2 for level in levels)
+    assert levels[-1].shape[1] <= tree.top and tree.leaves.numel() >= tree.capacity
+    sizes = [tree.leaves.numel()] + [level.shape[1] for level in levels]
+    assert all(children == arity * parents for children, parents in pairwise(sizes))
+    stored = tree.leaves.cpu().numpy()
     if leaves is not None:
-        stored = levels[0].cpu().numpy()
         assert np.array_equal(stored[: tree.capacity], leaves)
-        assert (stored[tree.capacity :] == identity).all()
-    for depth, (children, parents) in enumerate(pairwise(levels), start=1):
-        rows = children.view(-1, arity)
-        mismatch = torch.nonzero(parents != reduce(rows, dim=1)).flatten().tolist()
-        assert not mismatch, f"level {depth} nodes {mismatch[:8]} differ from their children's {tree.op}"
-        if tree.op == "sum":
-            np.testing.assert_allclose(parents.cpu().numpy(), rows.cpu().numpy().sum(1), rtol=1e-12, atol=0)
+        assert (stored[tree.capacity :] == 0).all()
+    for depth, parents in enumerate(levels, start=1):
+        if depth == 1:  # over the leaves, the minimum skips the empty (zero) ones
+            rows = tree.leaves.view(-1, arity)
+            expected = torch.stack([rows.sum(1), torch.where(rows > 0, rows, math.inf).amin(1)])
+            numpy_sums = numpy_mins = stored.reshape(-1, arity)
         else:
-            assert np.array_equal(parents.cpu().numpy(), rows.cpu().numpy().min(1))
-    assert torch.equal(tree.root, reduce(levels[-1]))
+            rows = levels[depth - 2].view(2, -1, arity)
+            expected = torch.stack([rows[0].sum(1), rows[1].amin(1)])
+            numpy_sums, numpy_mins = (row.cpu().numpy().reshape(-1, arity) for row in levels[depth - 2])
+        mismatch = torch.nonzero(parents != expected).tolist()
+        assert not mismatch, f"level {depth} entries (row, node) {mismatch[:8]} differ from their children's"
+        np.testing.assert_allclose(parents[0].cpu().numpy(), numpy_sums.sum(1), rtol=1e-12, atol=0)
+        assert np.array_equal(parents[1].cpu().numpy(), positive_min(numpy_mins, axis=1))
+    assert torch.equal(tree.total, levels[-1][0].sum())
+    assert torch.equal(tree.minimum, levels[-1][1].amin())
 
 
 def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
-    return prb.sum_tree.levels[0][: prb.capacity].cpu().numpy()
+    return prb.tree.leaves[: prb.capacity].cpu().numpy()
 
 
 # ---- the segment tree --------------------------------------------------------------------------
@@ -91,12 +106,12 @@ def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
 @pytest.mark.parametrize(
     "capacity, arity, top, sizes",
     [
-        (1, 32, 4096, [1]),
-        (4096, 32, 4096, [4096]),
-        (4097, 32, 4096, [4128, 129]),
-        (10**5, 32, 4096, [10**5, 3125]),
+        (1, 32, 32768, [32, 1]),
+        (2**20, 32, 32768, [2**20, 2**15]),
+        (2**20 + 1, 32, 32768, [1025 * 1024, 1025 * 32, 1025]),
+        (10**6, 32, 32768, [10**6, 31250]),
         (10**6, 32, 4096, [977 * 32 * 32, 977 * 32, 977]),
-        (3000, 32, 64, [3072, 96, 3]),
+        (3000, 32, 16, [3072, 96, 3]),
         (7, 2, 1, [8, 4, 2, 1]),
         (1000, 2, 1, [2**k for k in range(10, -1, -1)]),
         (10, 3, 4, [12, 4]),
@@ -104,22 +119,24 @@ def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
     ],
 )
 def test_segment_tree_layout(capacity, arity, top, sizes):
-    """Each level has `arity` times the entries of the one above; the top has at most `top`."""
-    tree = SegmentTree(capacity, "sum", "cpu", arity, top)
-    assert [level.numel() for level in tree.levels] == sizes
+    """Leaves, then each level with `arity` times fewer entries; at least one level above the
+    leaves, and the top, the first with at most `top` entries."""
+    tree = SegmentTree(capacity, "cpu", arity, top)
+    assert [tree.leaves.numel()] + [level.shape[1] for level in tree.levels] == sizes
+    assert all(level.shape[0] == 2 for level in tree.levels)
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
 @pytest.mark.parametrize("capacity", [1, 5, 1000, 1024, 3000])
-@pytest.mark.parametrize("op", ["sum", "min"])
-def test_segment_tree_matches_a_numpy_reference(device, capacity, op, shape):
+def test_segment_tree_matches_a_numpy_reference(device, capacity, shape):
     """Hundreds of calls of random leaf writes, with repeated slots (each repeat carrying the same
-    value, as update requires); after each call every level is checked exactly against its
-    children (assert_tree_exact), and at the end against a tree rebuilt from the reference
-    leaves with assign."""
+    value, as update requires) and zeros (empty slots, which the minimums skip); after each call
+    every level is checked exactly against its children (assert_tree_exact), and at the end the
+    roots against the reference and the tree against one rebuilt from the reference leaves with
+    assign."""
     rng = np.random.default_rng(capacity)
-    tree = make_tree(capacity, op, device, shape)
-    reference = np.full(capacity, 0.0 if op == "sum" else np.inf)
+    tree = make_tree(capacity, device, shape)
+    reference = np.zeros(capacity)
     repeats = 0
     for _ in range(200):
         count = int(rng.integers(1, min(capacity, 64) + 1))
@@ -132,20 +149,46 @@ def test_segment_tree_matches_a_numpy_reference(device, capacity, op, shape):
         reference[unique] = values
         assert_tree_exact(tree, reference)
     assert capacity == 1 or repeats > 100
-    combine = math.fsum if op == "sum" else min
-    assert tree.root.item() == pytest.approx(combine(reference.tolist()), rel=1e-12)
-    rebuilt = make_tree(capacity, op, device, shape)
+    assert tree.total.item() == pytest.approx(math.fsum(reference.tolist()), rel=1e-12)
+    assert tree.minimum.item() == positive_min(reference)
+    rebuilt = make_tree(capacity, device, shape)
     rebuilt.assign(torch.as_tensor(reference, device=device))
+    assert torch.equal(tree.leaves, rebuilt.leaves)
     assert all(torch.equal(a, b) for a, b in zip(tree.levels, rebuilt.levels, strict=True))
+
+
+@pytest.mark.parametrize("shape", TREE_SHAPES)
+def test_full_rows_skips_only_work_that_changes_nothing(device, shape):
+    """update(..., full_rows=True) on a tree whose leaf rows hold no zero gives the same tree, bit
+    for bit, as the default update; and the promise matters: broken, the minimum becomes 0."""
+    arity = TREE_SHAPES[shape][0]
+    capacity = arity * 37
+    rng = np.random.default_rng(7)
+    trees = [make_tree(capacity, device, shape) for _ in range(2)]
+    start = torch.as_tensor(rng.exponential(size=capacity) + 0.1, device=device)
+    for tree in trees:
+        tree.assign(start)
+    for _ in range(50):
+        slots = torch.as_tensor(rng.integers(0, capacity, size=40), device=device)
+        values = torch.as_tensor(rng.exponential(size=40) + 1e-3, device=device).index_select(
+            0, torch.unique(slots, return_inverse=True)[1])  # equal values for repeated slots
+        trees[0].update(slots, values)
+        trees[1].update(slots, values, full_rows=True)
+        assert torch.equal(trees[0].leaves, trees[1].leaves)
+        assert all(torch.equal(a, b) for a, b in zip(trees[0].levels, trees[1].levels, strict=True))
+    assert_tree_exact(trees[1])
+    trees[1].update(torch.tensor([0], device=device), torch.zeros(1, dtype=torch.float64, device=device), True)
+    assert trees[1].minimum.item() == 0.0
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
 @pytest.mark.parametrize("capacity", [1, 7, 1000, 1024, 3000])
 def test_find_prefix_on_integer_leaves_equals_searchsorted(device, capacity, shape):
     """Integer-valued leaves make every partial sum exact, so the descent must agree with
-    np.searchsorted(cumsum, mass, side="right") everywhere: on boundaries, and past zero leaves."""
+    np.searchsorted(cumsum, mass, side="right") everywhere: on boundaries, and past zero leaves.
+    Masses given as fractions of the total (relative=True) land where fraction * total does."""
     rng = np.random.default_rng(capacity + 1)
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = rng.integers(0, 4, size=capacity).astype(np.float64)  # about a quarter are zero
     leaves[rng.integers(capacity)] = 5.0
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
@@ -163,6 +206,8 @@ def test_find_prefix_on_integer_leaves_equals_searchsorted(device, capacity, sha
     expected = np.searchsorted(cumsum, mass, side="right")
     assert np.array_equal(found, expected)
     assert (leaves[found] > 0).all()
+    fraction = torch.as_tensor(rng.uniform(0, 1, size=1000), device=device)
+    assert torch.equal(tree.find_prefix(fraction, relative=True), tree.find_prefix(fraction * tree.total))
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
@@ -172,12 +217,12 @@ def test_find_prefix_on_float_leaves(device, shape):
     with np.searchsorted; it never lands on a zero leaf. Seed 11."""
     rng = np.random.default_rng(11)
     capacity = 3000
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = rng.exponential(size=capacity) * 10.0 ** rng.uniform(-6, 6, size=capacity)
     leaves[rng.random(capacity) < 0.2] = 0.0
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
     cumsum = np.cumsum(leaves)
-    total = tree.root.item()
+    total = tree.total.item()
     mass = rng.uniform(0, total, size=20000)
     found = tree.find_prefix(torch.as_tensor(mass, device=device)).cpu().numpy()
     expected = np.searchsorted(cumsum, mass, side="right")
@@ -198,16 +243,16 @@ def test_find_prefix_at_or_past_the_total_lands_at_or_after_the_last_positive_le
     item."""
     capacity, filled = 1000, 617
     rng = np.random.default_rng(5)
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = np.zeros(capacity)
     leaves[:filled] = rng.exponential(size=filled) * 10.0 ** rng.uniform(-3, 3, size=filled)
     leaves[filled - 1] = 1.0  # far above the rounding error of the total
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
-    total = tree.root.item()
+    total = tree.total.item()
     mass = np.array([total, np.nextafter(total, 0.0), np.nextafter(total, np.inf), total * (1 + 1e-12)])
     found = tree.find_prefix(torch.as_tensor(mass, device=device)).cpu().numpy()
     assert (found >= filled - 1).all()
-    assert (found < len(tree.levels[0])).all()
+    assert (found < tree.leaves.numel()).all()
 
 
 def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
@@ -217,8 +262,8 @@ def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
     of its children exactly. (About 1 s on two CPU cores.)"""
     capacity = 1 << 20
     rng = np.random.default_rng(0)
-    tree = SegmentTree(capacity, "sum", device)
-    assert len(tree.levels) == 3
+    tree = SegmentTree(capacity, device)
+    assert len(tree.levels) == 1
     writes = 0
     for _ in range(1000):
         slots = np.unique(rng.integers(0, capacity, size=1000))
@@ -226,16 +271,16 @@ def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
         tree.update(torch.as_tensor(slots, device=device), torch.as_tensor(values, device=device))
         writes += slots.size
     assert writes > 990_000
-    leaves = tree.levels[0].cpu().numpy()
-    assert tree.root.item() == pytest.approx(math.fsum(leaves.tolist()), rel=1e-9, abs=0)
+    leaves = tree.leaves.cpu().numpy()
+    assert tree.total.item() == pytest.approx(math.fsum(leaves.tolist()), rel=1e-9, abs=0)
     assert_tree_exact(tree)
 
 
 def test_bad_segment_tree_arguments():
-    with pytest.raises(ValueError, match="op must be 'sum' or 'min'"):
-        SegmentTree(4, "max")
     with pytest.raises(ValueError, match="arity must be >= 2"):
-        SegmentTree(4, "sum", arity=1)
+        SegmentTree(4, arity=1)
+    with pytest.raises(ValueError, match="top >= 1"):
+        SegmentTree(4, top=0)
 
 
 # ---- priorities --------------------------------------------------------------------------------
@@ -277,7 +322,7 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
     rng = np.random.default_rng(2)
     capacity, alpha, eps = 1000, 0.6, 1e-3
     prb = PrioritizedReplayBuffer(capacity, alpha=alpha, eps=eps, device=device, seed=0)
-    assert len(prb.sum_tree.levels) == {(32, 4096): 1, (32, 64): 2, (3, 4): 7}[tree_shape]
+    assert len(prb.tree.levels) == {(32, 32768): 1, (32, 16): 2, (3, 4): 6}[tree_shape]
     ref = Reference(capacity, alpha, eps)
     duplicates = stale = 0
     for _ in range(150):
@@ -298,11 +343,9 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
         size = len(prb)
         np.testing.assert_allclose(leaves_of(prb)[:size], ref.live, rtol=1e-13, atol=0)
         assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
-        assert_tree_exact(prb.sum_tree)
-        assert_tree_exact(prb.min_tree)
-        min_leaves = prb.min_tree.levels[0][:capacity].cpu().numpy()
-        assert np.array_equal(min_leaves[:size], leaves_of(prb)[:size])
-        assert np.isinf(min_leaves[size:]).all() and (leaves_of(prb)[size:] == 0).all()
+        assert_tree_exact(prb.tree)
+        assert (leaves_of(prb)[size:] == 0).all()
+        assert prb.tree.minimum.item() == ref.live.min()
     assert prb.written > capacity and duplicates > 1000 and stale > 100
 
 
@@ -334,8 +377,7 @@ def test_new_items_get_the_largest_priority_stored_so_far(device):
     fill(prb, 2, start=5)  # slots 1 and 2
     assert leaves_of(prb)[1] == leaves_of(prb)[2] == pytest.approx(big, rel=1e-14)
     assert prb.max_priority.item() == leaves_of(prb)[1]
-    assert_tree_exact(prb.sum_tree)
-    assert_tree_exact(prb.min_tree)
+    assert_tree_exact(prb.tree)
 
 
 def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
@@ -356,8 +398,7 @@ def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
     expected = np.ones(8)
     expected[6], expected[12 % 8] = (2.0 + 1e-6) ** 0.6, (3.0 + 1e-6) ** 0.6
     np.testing.assert_allclose(leaves, expected, rtol=1e-14)
-    assert_tree_exact(prb.sum_tree)
-    assert_tree_exact(prb.min_tree)
+    assert_tree_exact(prb.tree)
 
 
 # ---- sampling ----------------------------------------------------------------------------------
@@ -438,8 +479,9 @@ def test_a_draw_past_the_last_item_is_clamped_onto_it(device, monkeypatch):
     """The guard in sample: should rounding carry a draw into the zero leaves after the last item
     (forced here), the draw becomes the last item, with its own weight."""
     prb, ref = prioritized(device, capacity=100, written=60, beta=1.0)
-    padding = len(prb.sum_tree.levels[0]) - 1
-    monkeypatch.setattr(prb.sum_tree, "find_prefix", lambda mass: torch.full_like(mass, padding, dtype=torch.int64))
+    padding = prb.tree.leaves.numel() - 1
+    monkeypatch.setattr(prb.tree, "find_prefix",
+                        lambda mass, relative=False: torch.full_like(mass, padding, dtype=torch.int64))
     batch = prb.sample(8)
     assert batch["index"].tolist() == [59] * 8
     expected = ref.live.min() / ref.live[59]  # beta = 1
