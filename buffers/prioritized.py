@@ -38,27 +38,29 @@ from .replay import ReplayBuffer
 class SegmentTree:
     """Sums, and minimums of the positive values, of `capacity` float64 leaves, in a few wide levels.
 
-    Layout: `leaves` (padded) is read as rows of `arity` children; `levels[0][:, r]` holds the sum
-    (row 0) and the minimum of the positive values (row 1) of leaf row r, and each level above
-    holds the same for the rows of `arity` entries of the level below: `levels[l + 1][0, r]` is the
-    sum of `levels[l][0].view(-1, arity)[r]`, `levels[l + 1][1, r]` the min of
-    `levels[l][1].view(-1, arity)[r]`. So every entry, padding included, has a full row of
+    Layout: `leaves` (padded) is read as rows of `arity` children. `levels[0]` is a [2, n] tensor
+    whose entry r holds the sum (row 0) and the minimum of the positive values (row 1) of leaf
+    row r; each level above holds the same for the rows of `arity` entries of the level below
+    (`levels[l + 1][0, r]` sums `levels[l][0].view(-1, arity)[r]`, `levels[l + 1][1, r]` is the
+    min of `levels[l][1].view(-1, arity)[r]`). So every entry, padding included, has a full row of
     children, and a descent can never step outside a level. The top level, the first with at most
-    `top` entries (there is always at least one level above the leaves), is not grouped further;
-    its sum and min are the roots. A leaf of 0 is an empty slot: padding and leaves never set are
-    0, and the minimums skip them (inf where a row has no positive leaf), so an empty slot changes
-    neither root. The sums and minimums share each level (one [2, n] tensor) so that one gather
-    and one write serve both, and the leaves are stored once, not once per reduction.
+    `top` entries (there is always one level above the leaves), is not grouped further; its sum
+    and min are the roots. A leaf of 0 is an empty slot: padding and leaves never set are 0, and
+    the minimums skip them (inf where a row has no positive leaf), so an empty slot changes
+    neither root. Sums and minimums share each level so that one gather and one write serve both,
+    and the leaves are stored once.
 
-    No drift: a parent is always recomputed from its row of children by the same torch
-    reductions whichever update wrote it, so every level equals the reduction of the level below
-    exactly, as if the tree had been rebuilt from its leaves.
+    No drift, and one answer on every path: a parent is always recomputed from its row of
+    children, never adjusted by a difference, and a sum is always the left-to-right sum of the
+    row (the last entry of its cumsum; the same order as the descent's cumulative sums). So every
+    level equals the reduction of the level below bit for bit, as if rebuilt from the leaves, and
+    eager code and torch.compile'd code (which would reorder a `sum`) write the same values.
 
-    Cost: on small tensors each torch op costs a few microseconds whatever its size, and memory
-    misses on the leaves dominate the rest; an update takes about eight ops per level for both
-    reductions, a descent nine. A wide `arity` and `top` keep the levels few: 1M leaves with arity
-    32 and top 32768 take 2 levels (against 20 in a binary tree), and the descent's cumulative sum
-    over the 31250 top entries costs about as much as the level it saves.
+    Cost: on small tensors each torch op costs a few microseconds whatever its size, and cache
+    misses on the leaves cost about as much again; an update takes about eight ops per level for
+    both reductions, a descent seven. A wide `arity` and `top` keep the levels few: 1M leaves with
+    arity 32 and top 32768 take 2 levels (against 20 in a binary tree); a third level, or a top
+    searched in two steps, measured slower.
     """
 
     def __init__(self, capacity: int, device: str | torch.device = "cpu", arity: int = 32, top: int = 32768):
@@ -70,23 +72,23 @@ class SegmentTree:
             depth += 1
         width = -(-self.capacity // self.arity**depth)  # entries in the top level
         self.leaves = torch.zeros(width * self.arity**depth, dtype=torch.float64, device=device)
-        identities = torch.tensor([[0.0], [math.inf]], dtype=torch.float64, device=device)  # for sums, minimums
+        identities = torch.tensor([[0.0], [math.inf]], dtype=torch.float64, device=device)  # of sum, of min
         self.levels = [identities.repeat(1, width * self.arity**d) for d in range(depth - 1, -1, -1)]
-        # Row 0 (sums) of each level below the top as rows of children, leaves first, and each
-        # level as [2, entries above, arity]. Views made once: everything is written in place only.
-        self._sum_rows = [self.leaves.view(-1, self.arity)]
-        self._sum_rows += [level[0].view(-1, self.arity) for level in self.levels[:-1]]
+        # Views made once (everything is written in place only, so they stay valid): the leaves as
+        # rows; each level below the top as [2, entries above, arity]; the sums the descent
+        # searches, the top's children first.
+        self._leaf_rows = self.leaves.view(-1, self.arity)
         self._rows = [level.view(2, -1, self.arity) for level in self.levels[:-1]]
-        # find_prefix's cumulative sums of the top level after a 0; kept to save two ops per call.
+        self._descent_rows = [rows[0] for rows in reversed(self._rows)] + [self._leaf_rows]
+        # Scratch, no state (a copy of the tree need not match it): find_prefix's cumulative sums
+        # of the top level after a 0, as (whole, written part, searched part, total) views.
         upper = torch.zeros(width + 1, dtype=torch.float64, device=device)
-        # Scratch holds no state (a copy of the tree need not match it): it saves ops between calls.
-        self._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}  # whole, written, searched, total
-        self._descent_rows = self._sum_rows[::-1]  # the top's children first
+        self._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}
 
     @property
     def total(self) -> torch.Tensor:
-        """The sum of all leaves, as a 0-d tensor (no host read)."""
-        return self.levels[-1][0].sum()
+        """The sum of all leaves (left to right over the top level), as a 0-d tensor (no host read)."""
+        return _row_sums(self.levels[-1][0])
 
     @property
     def minimum(self) -> torch.Tensor:
@@ -100,38 +102,31 @@ class SegmentTree:
         which). Above the leaves repeats are harmless: each copy of a parent is reduced from the
         already-final row of its children, so all copies write the same value.
 
-        `full_rows` promises that no leaf in the rows of `slots` is 0 after the update (every slot
-        of a full buffer whose capacity is a multiple of `arity`); the minimums then skip the two
-        ops that keep empty leaves out of them. A broken promise makes the minimum 0.
+        `full_rows` promises that no leaf in the rows of `slots` is 0 after the update (true of
+        every slot of a full buffer whose capacity is a multiple of `arity`); the minimums then
+        skip the two ops that keep empty leaves out of them. A broken promise makes the minimum 0.
         """
         self.leaves.index_copy_(0, slots, values)
         node = slots.div(self.arity, rounding_mode="floor")
-        row = self._sum_rows[0].index_select(0, node)  # [k, arity]: the leaves under each node
-        self.levels[0].index_copy_(1, node, torch.stack([row.sum(1), self._positive_min(row, full_rows)]))
+        row = self._leaf_rows.index_select(0, node)  # [k, arity]: the leaves under each node
+        self.levels[0].index_copy_(1, node, torch.stack([_row_sums(row), _positive_min(row, full_rows)]))
         for rows, parents in zip(self._rows, self.levels[1:], strict=True):
             node = node.div(self.arity, rounding_mode="floor")
             row = rows.index_select(1, node)  # [2, k, arity]: the children of each node
-            parents.index_copy_(1, node, torch.stack([row[0].sum(1), row[1].amin(1)]))
-
-    @staticmethod
-    def _positive_min(row: torch.Tensor, full_rows: bool = False) -> torch.Tensor:
-        """The minimum of the positive leaves of each row of `row` (inf if none)."""
-        return (row if full_rows else row.where(row > 0, math.inf)).amin(1)
+            parents.index_copy_(1, node, torch.stack([_row_sums(row[0]), row[1].amin(1)]))
 
     def assign(self, leaves: torch.Tensor) -> None:
         """Set all `capacity` leaves at once and rebuild every level from them."""
         self.leaves[: self.capacity].copy_(leaves)
-        torch.sum(self._sum_rows[0], 1, out=self.levels[0][0])
-        self.levels[0][1].copy_(self._positive_min(self._sum_rows[0]))
+        self.levels[0].copy_(torch.stack([_row_sums(self._leaf_rows), _positive_min(self._leaf_rows)]))
         for rows, parents in zip(self._rows, self.levels[1:], strict=True):
-            torch.sum(rows[0], 1, out=parents[0])
-            torch.amin(rows[1], 1, out=parents[1])
+            parents.copy_(torch.stack([_row_sums(rows[0]), rows[1].amin(1)]))
 
     def find_prefix(self, mass: torch.Tensor, relative: bool = False) -> torch.Tensor:
         """For each mass (float64) in [0, total), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1]).
 
-        With `relative`, `mass` is given as fractions of the total, in [0, 1) (one reduction fewer
-        than reading `total` first).
+        With `relative`, `mass` is given as fractions of the total, in [0, 1) (saving the
+        reduction that reading `total` first would take).
 
         The descent searches the top level as one row, then the row of each chosen node's
         children: it picks the entry whose cumulative-sum interval holds the mass, subtracts the
@@ -157,6 +152,17 @@ class SegmentTree:
             if depth < len(self._descent_rows):  # the mass left below the chosen child, for the level below
                 mass = mass - (upper - row).gather(1, child)
         return node
+
+
+def _row_sums(rows: torch.Tensor) -> torch.Tensor:
+    """Left-to-right sums along the last dimension (the order does not depend on how torch or a
+    compiler would vectorise a `sum`; see SegmentTree)."""
+    return rows.cumsum(-1)[..., -1]
+
+
+def _positive_min(rows: torch.Tensor, full_rows: bool = False) -> torch.Tensor:
+    """The minimum of the positive values of each row (inf if none); `full_rows`: none is 0."""
+    return (rows if full_rows else rows.where(rows > 0, math.inf)).amin(-1)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -276,7 +282,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             strata = torch.arange(batch_size, dtype=torch.float64, device=self.device) / batch_size
             self._scratch["strata"] = strata
         # Draw i is uniform in [i, i + 1) * total / batch_size.
-        mass = torch.rand(batch_size, generator=self.generator, device=self.device, dtype=torch.float64)
+        mass = self._uniforms(batch_size)
         fraction = torch.add(strata, mass, alpha=1 / batch_size)
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
@@ -284,6 +290,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         weight = torch.empty(batch_size, dtype=torch.float32, device=self.device)
         torch.pow(stored.div_(self.tree.minimum), self._neg_beta, out=weight)
         return self._gather(slots, weight=weight)
+
+    @torch.compiler.disable  # torch.compile cannot trace a Generator held by an object: draw eagerly
+    def _uniforms(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator, device=self.device, dtype=torch.float64)
 
     # ---- priority updates ----------------------------------------------------------------------------
 
@@ -304,8 +314,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # Each conversion only when needed: on small batches every op call costs microseconds.
         if index.dim() != 1 or index.dtype != torch.int64:
             index = index.reshape(-1).long()
-        if priority.dim() != 1 or priority.requires_grad or priority.dtype != torch.float64:
-            priority = priority.detach().reshape(-1).to(torch.float64)
+        if priority.requires_grad:
+            priority = priority.detach()
+        if priority.dim() != 1:
+            priority = priority.reshape(-1)
+        if priority.dtype != torch.float64:
+            priority = priority.to(torch.float64)
         if self.validation == "immediate":
             index, priority = self._checked(index, priority)
             if index.numel() > 0:

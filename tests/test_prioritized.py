@@ -60,13 +60,12 @@ def positive_min(values: np.ndarray, axis=None) -> np.ndarray:
 def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> None:
     """No drift: every level equals the reduction of the rows of the level below, bit for bit.
 
-    Each level is compared with torch's own reductions over the whole level below, on the tree's
-    device (the reductions an update applies to each row: sum; amin, over the positive leaves
-    for the level above the leaves), and with numpy's: exactly for min, to 1e-12 relative for sum
-    (numpy may add in another order). Each level is [2, n] float64 (sums, minimums), with `arity`
-    entries per entry of the level above; the top has at most `top` entries. With `leaves`, the
-    leaves must equal them exactly, and the padding leaves are 0. The roots are the top's sum
-    and min.
+    Each level is compared, exactly, with the reductions of the rows of the level below computed
+    here over the whole level below, with torch on the tree's device and with numpy: the
+    left-to-right sum (the last entry of a cumsum), and the min (over the positive leaves for the
+    level above the leaves). Each level is [2, n] float64 (sums, minimums), with `arity` entries
+    per entry of the level above; the top has at most `top` entries. With `leaves`, the leaves
+    must equal them exactly, and the padding leaves are 0. The roots are the top's sum and min.
     """
     arity = tree.arity
     levels = tree.levels
@@ -82,17 +81,17 @@ def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> No
     for depth, parents in enumerate(levels, start=1):
         if depth == 1:  # over the leaves, the minimum skips the empty (zero) ones
             rows = tree.leaves.view(-1, arity)
-            expected = torch.stack([rows.sum(1), torch.where(rows > 0, rows, math.inf).amin(1)])
+            expected = torch.stack([rows.cumsum(1)[:, -1], torch.where(rows > 0, rows, math.inf).amin(1)])
             numpy_sums = numpy_mins = stored.reshape(-1, arity)
         else:
             rows = levels[depth - 2].view(2, -1, arity)
-            expected = torch.stack([rows[0].sum(1), rows[1].amin(1)])
+            expected = torch.stack([rows[0].cumsum(1)[:, -1], rows[1].amin(1)])
             numpy_sums, numpy_mins = (row.cpu().numpy().reshape(-1, arity) for row in levels[depth - 2])
         mismatch = torch.nonzero(parents != expected).tolist()
         assert not mismatch, f"level {depth} entries (row, node) {mismatch[:8]} differ from their children's"
-        np.testing.assert_allclose(parents[0].cpu().numpy(), numpy_sums.sum(1), rtol=1e-12, atol=0)
+        assert np.array_equal(parents[0].cpu().numpy(), np.cumsum(numpy_sums, axis=1)[:, -1])
         assert np.array_equal(parents[1].cpu().numpy(), positive_min(numpy_mins, axis=1))
-    assert torch.equal(tree.total, levels[-1][0].sum())
+    assert torch.equal(tree.total, levels[-1][0].cumsum(0)[-1])
     assert torch.equal(tree.minimum, levels[-1][1].amin())
 
 
