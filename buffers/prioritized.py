@@ -226,11 +226,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # last item, and the tree's minimum is the minimum over the items.
         self.tree = SegmentTree(self.capacity, self.device, self.tree_arity, self.tree_top)
         # Tensors, not Python numbers, so that sample and update never wait for the GPU and a
-        # captured graph reads their current values; all are written in place only.
-        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
-        self._last_index = torch.full((), -1, dtype=torch.int64, device=self.device)  # written - 1
-        self._last_slot = torch.full((), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
-        self._neg_beta = torch.zeros((), dtype=torch.float64, device=self.device)  # -beta
+        # captured graph reads their current values; all are written in place only, and have
+        # shape [1], not []: torch.compile (2.13) drops in-place writes to 0-d tensor attributes.
+        self.max_priority = torch.ones(1, dtype=torch.float64, device=self.device)
+        self._last_index = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # written - 1
+        self._last_slot = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
+        self._neg_beta = torch.zeros(1, dtype=torch.float64, device=self.device)  # -beta
         self._set_write_count(0)
         self.beta = beta
         # Scratch, reused to save ops; it holds no state (a copy of the buffer need not match it):
@@ -425,7 +426,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         priority = state["priority"].to(self.device, torch.float64)
         # The tree is a function of its leaves (no drift), so rebuilding it restores it exactly.
         self.tree.assign(priority)
-        self.max_priority.copy_(state["max_priority"])
+        self.max_priority.copy_(state["max_priority"].reshape(1))
         self._set_write_count(self.written)
         self._rejected.zero_()
 

@@ -313,14 +313,16 @@ class Reference:
         return self.stored[: min(self.written, self.capacity)]
 
 
-def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrites(device, tree_shape):
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
+def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrites(device, tree_shape, validation):
     """~150 rounds of extends and update_priority calls; indices drawn with replacement (so one
     call names the same index several times, and the last value must win) from a range that
     includes overwritten items (which must be ignored). Seed 2; leaves compared to 1e-13
-    relative (torch's and numpy's pow may differ in the last bit), the trees exactly."""
+    relative (torch's and numpy's pow may differ in the last bit), the trees exactly. Both
+    validation modes (stale indices are not errors in either)."""
     rng = np.random.default_rng(2)
     capacity, alpha, eps = 1000, 0.6, 1e-3
-    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, eps=eps, device=device, seed=0)
+    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, eps=eps, device=device, seed=0, validation=validation)
     assert len(prb.tree.levels) == {(32, 32768): 1, (32, 16): 2, (3, 4): 6}[tree_shape]
     ref = Reference(capacity, alpha, eps)
     duplicates = stale = 0
@@ -346,6 +348,7 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
         assert (leaves_of(prb)[size:] == 0).all()
         assert prb.tree.minimum.item() == ref.live.min()
     assert prb.written > capacity and duplicates > 1000 and stale > 100
+    prb.check()  # nothing was rejected
 
 
 def test_new_items_get_the_largest_priority_stored_so_far(device):
@@ -403,10 +406,11 @@ def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
 # ---- sampling ----------------------------------------------------------------------------------
 
 
-def prioritized(device, capacity, written, alpha=0.6, beta=0.4, seed=0, eps=1e-2):
+def prioritized(device, capacity, written, alpha=0.6, beta=0.4, seed=0, eps=1e-2, validation=None):
     """A buffer with `written` items whose live ones have random priorities; and its Reference."""
     rng = np.random.default_rng(seed)
-    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, device=device, seed=seed)
+    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, device=device, seed=seed,
+                                  validation=validation)
     ref = Reference(capacity, alpha, eps)
     fill(prb, written, chunk=min(17, capacity))
     ref.extend(written)
@@ -600,7 +604,7 @@ NAN, INF = float("nan"), float("inf")
          "never-written", "float-index", "bool-index"],
 )
 def test_bad_priority_updates_raise_and_change_nothing(device, snapshot, index, priority, match):
-    prb, _ = prioritized(device, capacity=20, written=30)
+    prb, _ = prioritized(device, capacity=20, written=30, validation="immediate")
     before = snapshot(prb)
     with pytest.raises(ValueError, match=match):
         prb.update_priority(torch.tensor(index, device=device), torch.tensor(priority, device=device))
@@ -608,7 +612,7 @@ def test_bad_priority_updates_raise_and_change_nothing(device, snapshot, index, 
 
 
 def test_updating_an_empty_buffer_raises(device, snapshot):
-    prb = PrioritizedReplayBuffer(4, device=device)
+    prb = PrioritizedReplayBuffer(4, device=device, validation="immediate")
     before = snapshot(prb)
     with pytest.raises(ValueError, match=r"never written \(only 0 items"):
         prb.update_priority(torch.tensor([0]), torch.tensor([1.0]))
@@ -642,3 +646,157 @@ def test_bad_beta_through_the_setter_changes_nothing(device, snapshot, beta):
         prb.beta = beta
     assert snapshot(prb) == before
     assert prb.beta == 0.4
+
+
+# ---- deferred validation: no host reads, and capture --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_index, bad_priority, reason",
+    [
+        (14, NAN, "1 with NaN or inf priorities"),
+        (14, INF, "1 with NaN or inf priorities"),
+        (14, -0.5, "1 with negative priorities"),
+        (-6, 0.5, "1 with negative indices"),  # its slot, 14, holds live item 14
+        (34, 0.5, "1 with indices never written"),  # its slot, 14, holds live item 14
+    ],
+    ids=["nan", "inf", "negative", "negative-index", "never-written"],
+)
+def test_deferred_validation_drops_bad_entries_applies_the_rest_and_reports_once(
+    device, bad_index, bad_priority, reason
+):
+    """validation="deferred": no raise during the call; the bad entry never reaches the tree (its
+    slot keeps its priority), the valid entries of the same call are applied; check() then
+    raises once, naming the reason and the count, and the next check() passes."""
+    prb, ref = prioritized(device, capacity=20, written=30, validation="deferred")
+    before = leaves_of(prb).copy()
+    prb.update_priority(torch.tensor([12, bad_index, 25], device=device),
+                        torch.tensor([2.0, bad_priority, 3.0], device=device))
+    ref.update([12, 25], [2.0, 3.0])
+    leaves = leaves_of(prb)
+    np.testing.assert_allclose(leaves, ref.stored, rtol=1e-13, atol=0)
+    assert leaves[14] == before[14]
+    assert_tree_exact(prb.tree)
+    assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
+    with pytest.raises(ValueError, match=reason):
+        prb.check()
+    prb.check()  # reported once
+
+
+def test_deferred_validation_last_valid_copy_wins(device):
+    """Among copies of one index, the last valid one wins; a later bad copy is dropped."""
+    prb, ref = prioritized(device, capacity=20, written=30, validation="deferred")
+    prb.update_priority(torch.tensor([12, 12, 12, 13], device=device),
+                        torch.tensor([1.0, 2.0, NAN, -1.0], device=device, dtype=torch.float64))
+    ref.update([12], [2.0])
+    np.testing.assert_allclose(leaves_of(prb), ref.stored, rtol=1e-13, atol=0)
+    with pytest.raises(ValueError, match="1 with NaN or inf priorities, 1 with negative priorities"):
+        prb.check()
+
+
+def test_deferred_validation_reads_its_counts_every_check_interval_calls(device, monkeypatch):
+    monkeypatch.setattr(PrioritizedReplayBuffer, "check_interval", 5)
+    prb = PrioritizedReplayBuffer(20, device=device, validation="deferred")
+    fill(prb, 30, chunk=10)
+    good = torch.tensor([20, 21], device=device), torch.tensor([1.0, 2.0], device=device)
+    prb.update_priority(*good)
+    prb.update_priority(torch.tensor([20], device=device), torch.tensor([NAN], device=device))
+    for _ in range(2):
+        prb.update_priority(*good)
+    with pytest.raises(ValueError, match="1 with NaN or inf priorities"):
+        prb.update_priority(*good)  # the 5th call
+    for _ in range(5):
+        prb.update_priority(*good)  # reported once
+
+
+def test_state_dict_refuses_while_bad_entries_are_unreported(device):
+    prb, _ = prioritized(device, capacity=20, written=30, validation="deferred")
+    prb.update_priority(torch.tensor([31], device=device), torch.tensor([0.5], device=device))  # never written
+    with pytest.raises(ValueError, match="1 with indices never written"):
+        prb.state_dict()
+    assert prb.state_dict()["written"] == 30
+
+
+class NoHostReads(torch.overrides.TorchFunctionMode):
+    """Raise on any call that reads a tensor's value back to the host (a sync on a GPU)."""
+
+    READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "__repr__",
+             "__format__"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            raise AssertionError(f"host read: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_deferred_mode_reads_nothing_back_from_the_device(device, monkeypatch, tree_shape):
+    """With validation="deferred", extend, sample, update_priority (with bad and stale entries
+    too) and beta changes make no call that reads a tensor's value on the host; check() does."""
+    monkeypatch.setattr(PrioritizedReplayBuffer, "check_interval", 10**9)
+    prb = PrioritizedReplayBuffer(300, device=device, seed=0, validation="deferred")
+    with NoHostReads():
+        for step in range(40):
+            prb.extend(items(torch.arange(step * 16, (step + 1) * 16)).to(device))
+            batch = prb.sample(32)
+            index = batch["index"]
+            if step % 5 == 0:  # a stale index and a NaN
+                index = torch.cat([index, torch.zeros(1, dtype=torch.int64, device=device)])
+                priority = torch.cat([batch["weight"], torch.full((1,), NAN, device=device)])
+            else:
+                priority = batch["weight"] * 2
+            prb.update_priority(index, priority)
+            prb.beta = 0.4 + step / 100
+        with pytest.raises(AssertionError, match="host read"):
+            prb.check()
+    with pytest.raises(ValueError, match="8 with NaN or inf priorities"):
+        prb.check()
+    assert_tree_exact(prb.tree)
+
+
+def _sample_and_update(prb: PrioritizedReplayBuffer, td_error: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = prb.sample(td_error.numel())
+    prb.update_priority(batch["index"], td_error.abs())
+    return batch["index"], batch["weight"]
+
+
+def _trace_of_steps(prb, step, errors) -> list:
+    """Run `step` on each error vector, extending and changing beta between calls; everything it
+    returned and the buffer's state after each call."""
+    out = []
+    for k, error in enumerate(errors):
+        out.append((*step(prb, error), prb.tree.leaves.clone(), *(level.clone() for level in prb.tree.levels),
+                    prb.max_priority.clone(), prb._rejected.clone()))
+        prb.extend(items(torch.arange(prb.written, prb.written + 3)))
+        prb.beta = 0.4 + 0.05 * k
+    return out
+
+
+@pytest.mark.slow
+def test_torch_compile_of_sample_and_update_equals_eager_bit_for_bit(monkeypatch):
+    """torch.compile (inductor, CPU) of sample + update_priority in deferred mode gives the same
+    indices, weights, leaves, tree levels, max priority and error counts as eager code, bit for
+    bit, over 8 calls with extends, beta changes and a NaN between them; after its first calls it
+    never recompiles (the write count and beta are device tensors, not guarded Python numbers).
+    Compiling takes 15-60 s on two CPU cores."""
+    import torch._dynamo
+
+    monkeypatch.setattr(PrioritizedReplayBuffer, "tree_top", 64)  # 2 levels above the leaves
+    torch._dynamo.reset()
+    errors = [torch.randn(32, generator=torch.Generator().manual_seed(k), dtype=torch.float64) for k in range(8)]
+    errors[5][3] = NAN
+    buffers = []
+    for _ in range(2):
+        prb = PrioritizedReplayBuffer(3000, device="cpu", seed=0, validation="deferred")
+        fill(prb, 2500)
+        _sample_and_update(prb, errors[0])  # first call: sets up the scratch
+        buffers.append(prb)
+    compiled = torch.compile(_sample_and_update)
+    expected = _trace_of_steps(buffers[0], _sample_and_update, errors[:2])
+    got = _trace_of_steps(buffers[1], compiled, errors[:2])  # compiles (maybe twice)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        expected += _trace_of_steps(buffers[0], _sample_and_update, errors[2:])
+        got += _trace_of_steps(buffers[1], compiled, errors[2:])
+    for k, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"call {k} differs"
+    assert expected[-1][-1].tolist() == [1, 0, 0, 0]  # the NaN was counted, in both
+    assert len(expected[0][2]) == 3000 + 72  # leaves padded to a whole row of the top
