@@ -10,6 +10,7 @@ levels over 1000 leaves, through the `tree_shape` fixture.
 
 from __future__ import annotations
 
+import json
 import math
 from itertools import pairwise
 
@@ -800,3 +801,34 @@ def test_torch_compile_of_sample_and_update_equals_eager_bit_for_bit(monkeypatch
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"call {k} differs"
     assert expected[-1][-1].tolist() == [1, 0, 0, 0]  # the NaN was counted, in both
     assert len(expected[0][2]) == 3000 + 72  # leaves padded to a whole row of the top
+
+
+def test_gpu_tree_benchmark_runs_on_the_cpu(capsys):
+    """benchmarks/gpu_tree.py on the CPU, small: times eager steps and skips the graph modes."""
+    from benchmarks import gpu_tree
+
+    result = gpu_tree.main(["--device", "cpu", "--capacity", "4096", "--repeats", "20", "--modes", "eager,graph"])
+    assert list(result["results"]) == ["eager"]
+    assert result["results"]["eager"]["ms_per_step"] > 0
+    assert "graph            skipped: needs CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_gpu_tree_benchmark_compiles_on_the_cpu(tmp_path):
+    """Its default modes on the CPU (eager and compile; the graph modes skipped), writing JSON. 20-60 s."""
+    from benchmarks import gpu_tree
+
+    out = tmp_path / "gpu_tree.json"
+    gpu_tree.main(["--device", "cpu", "--capacity", "4096", "--repeats", "20", "--out", str(out)])
+    assert set(json.loads(out.read_text())["results"]) == {"eager", "compile"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_of_sample_and_update_equals_eager_steps():
+    """sample + update captured once in a CUDA graph and replayed leave the tree that the same
+    number of eager steps leave, bit for bit (same kernels; the generator advances per replay)."""
+    from benchmarks import gpu_tree
+
+    td_error = torch.rand(256, generator=torch.Generator().manual_seed(0)).cuda()
+    assert gpu_tree.graph_matches_eager(1 << 16, torch.device("cuda"), td_error)
