@@ -109,6 +109,35 @@ class ReplayBuffer:
         slots = torch.randint(len(self), (batch_size,), generator=self.generator, device=self.device)
         return self._gather(slots)
 
+    def sample_slices(self, batch_size: int, length: int, stride: int = 1) -> TensorDict:
+        """Draw `batch_size` slices of `length` items each: TensorDict [batch_size, length], plus "index".
+
+        Slice b holds the items i_b, i_b + stride, ..., i_b + (length - 1) * stride. A vector env of
+        E envs that writes one transition per env per step (n = 1, in env order, as the
+        TransitionRecorder does) puts one env's consecutive steps `stride = E` apart, so a slice
+        is a short trajectory of one env. Starts are drawn uniformly, with replacement, with the
+        buffer's generator (PrioritizedReplayBuffer too: priorities play no part), among those
+        whose whole slice is stored: written - len(self) <= i and i + (length - 1) * stride < written.
+
+        Slices are not cut at episode ends: "terminated" and "truncated" come back as stored, and
+        the caller masks every step after the first end in a slice.
+        """
+        self._check_sample(batch_size)
+        if int(length) < 1 or int(stride) < 1:
+            raise ValueError(f"length and stride must be positive, got length={length}, stride={stride}")
+        span = (length - 1) * stride  # from the first item of a slice to its last
+        starts = len(self) - span  # how many start indices have their whole slice stored
+        if starts <= 0:
+            raise ValueError(f"a slice of {length} items {stride} apart spans {span + 1} items; "
+                             f"the buffer holds {len(self)}")
+        first = torch.randint(starts, (batch_size, 1), generator=self.generator, device=self.device)
+        index = first + (self.written - len(self)) + stride * torch.arange(length, device=self.device)
+        slots = index.remainder(self.capacity).view(-1)
+        batch = {key: torch.index_select(value, 0, slots).view(batch_size, length, *value.shape[1:])
+                 for key, value in self.storage.items(True, True)}
+        batch["index"] = index
+        return TensorDict(batch, batch_size=[batch_size, length], device=self.device)
+
     def _check_sample(self, batch_size: int) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
