@@ -14,10 +14,11 @@ Invariants kept here (tests/test_prioritized.py checks each):
   (validation="immediate"), or is dropped and reported later (validation="deferred", see
   PrioritizedReplayBuffer).
 
-Why wide trees: on small observations the cost of PER is the number of tiny tensor ops, not
-the bytes they touch. A binary tree over 1M leaves takes 20 levels of ops per update and per
-descent; rows of 32 children under a top level of at most 4096 entries take 3. Sums and minimums
-share each level (row 0 and row 1 of one [2, n] tensor), so one gather and one write serve both.
+Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
+cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
+levels of ops per update and per descent; rows of 32 children under a top level of at most 32768
+entries take 2. Sums and minimums share each level (row 0 and row 1 of one [2, n] tensor), so one
+gather and one write serve both.
 
 Why no host reads in sample and update (deferred validation): on a GPU a value read back to the
 CPU makes it wait for every queued kernel, and graph capture (CUDA graphs, torch.compile's
@@ -185,10 +186,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     overwritten since they were sampled are dropped silently in both modes (that is not an error).
 
     Capture: with validation="deferred", `sample` and `update_priority` read only tensors on the
-    buffer's device (the tree, the write count, beta, the generator) and take no Python branch on
-    their values, and the shapes of every tensor depend only on batch_size, so torch.compile
-    traces them whole and a CUDA graph of sample + update replays correctly while the buffer
-    fills and beta changes (`extend`, `beta = ...` and `load_state_dict` write those tensors in place).
+    buffer's device (the tree, the write count, beta, max_priority, the generator) and take no
+    Python branch on their values, and every shape depends only on batch_size. So torch.compile
+    traces them without recompiling as the buffer fills and beta changes (one graph break: the
+    uniform draw, from a Generator it cannot trace, stays eager), and a CUDA graph of sample +
+    update replays correctly (register the generator: graph.register_generator_state(prb.generator)),
+    as `extend`, `beta = ...` and `load_state_dict` write those tensors in place. A captured graph
+    keeps the Python values it saw (alpha, eps, and whether the buffer was full): capture after
+    load_state_dict. benchmarks/gpu_tree.py does all of this.
     """
 
     # Shape of the tree (see SegmentTree); the tests shrink it to get deep trees on small buffers.
