@@ -150,3 +150,11 @@ def test_host_batches_go_through_pinned_memory_on_a_side_stream():
         loader.update_priority(batch["index"], batch["weight"] * 2)
     assert all(value.is_pinned() for staging in loader._staging for value in staging.values(True, True))
     assert loader._copy_stream != torch.cuda.current_stream()
+
+
+def test_prefetch_benchmark_runs_on_the_cpu():
+    """benchmarks/prefetch.py, small, on the CPU (no streams there: a smoke run of both loops)."""
+    from benchmarks import prefetch
+
+    rows = prefetch.main(["--device", "cpu", "--capacity", "2000", "--steps", "5", "--hidden", "16"])
+    assert set(rows) == {"plain", "prefetch"} and all(r > 0 for r in rows.values())
