@@ -3,9 +3,10 @@
 Storage behaviour shared with ReplayBuffer (ring order, layout checks, empty batches, seeding,
 checkpoints of the storage) is tested for both classes in test_replay.py.
 
-The buffers here are small, and at the default tree shape (arity 32, top 4096) a tree over at
-most 4096 leaves has a single level; so the buffer tests also run on smaller shapes, with several
-levels over 1000 leaves, through the `tree_shape` fixture.
+The buffers here are small, and at the default tree shape (arity 32, top 32768) a tree over at
+most 2^20 leaves has a single level above them; so the buffer tests also run on smaller shapes,
+with several levels over 1000 leaves, through the `tree_shape` fixture. The last section covers
+deferred validation (no host reads) and capture (torch.compile; CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
