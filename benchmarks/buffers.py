@@ -11,6 +11,7 @@ LazyTensorStorage, the library's own fast path for TensorDicts.
     /work/venv-peer/bin/python benchmarks/buffers.py            # full run, writes results/buffers.json
     python benchmarks/buffers.py --quick                        # small capacities, a smoke test
     python benchmarks/buffers.py --device cuda                  # our buffers on a GPU, case (a)
+    python benchmarks/buffers.py --cases vector                 # one case; the output file keeps the other's rows
 
 TorchRL's compiled segment tree needs the torch it was built against (torchrl 0.14.1: torch 2.14.1),
 so the comparison runs in its own virtual environment; see benchmarks/README.md. Without TorchRL,
@@ -357,6 +358,19 @@ def goal_summary(rows: list[dict], clock: str) -> str:
             + ("" if None not in ratios else " (some n/a: no TorchRL timing)"))
 
 
+def kept_rows(out: Path, cases_run: set[str], clocks: list[str]) -> dict | None:
+    """The rows of the cases not run now from an earlier results file (and that run's date and
+    command), so that a run of one case does not erase the other's numbers; None if there are none."""
+    if not out.exists():
+        return None
+    earlier = json.loads(out.read_text())
+    rows = [r for r in earlier.get("results", []) if r["case"] not in cases_run and all(c in r for c in clocks)]
+    if not rows:
+        return None
+    return {"rows": rows, "cases": sorted({r["case"] for r in rows}), "date": earlier.get("date"),
+            "command": earlier.get("command"), "machine": earlier.get("machine")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: our buffers on the GPU, case (a) only")
@@ -366,6 +380,9 @@ def main() -> None:
                         help="JSON path; default benchmarks/results/buffers.json (buffers_cuda.json with "
                              "--device cuda); --quick writes nothing unless --out is given")
     parser.add_argument("--no-torchrl", action="store_true", help="time our buffers only")
+    parser.add_argument("--cases", default="vector,atari",
+                        help="comma-separated cases to run, of vector and atari (with --device cuda: vector "
+                             "only). Rows of the other cases already in the output file are kept.")
     parser.add_argument("--max-together-gb", type=float, default=2.0,
                         help="keep both libraries' buffers alive together (calls interleaved) when their "
                              "storage fits in this many GB; otherwise one library after the other")
@@ -379,8 +396,10 @@ def main() -> None:
     clocks = ["wall"] if device.type == "cuda" else ["wall", "cpu"]
 
     cases = [Case("vector", 10**6, (4,), torch.float32), Case("atari", 10**5, (4, 84, 84), torch.uint8)]
-    if device.type == "cuda":
-        cases = cases[:1]
+    wanted = {name.strip() for name in args.cases.split(",") if name.strip()}
+    if not wanted <= {c.name for c in cases}:
+        parser.error(f"unknown cases {sorted(wanted - {c.name for c in cases})}; choose from vector, atari")
+    cases = [c for c in cases if c.name in wanted and (device.type != "cuda" or c.name == "vector")]
     if args.quick:
         cases = [Case(c.name, c.capacity // 100, c.obs_shape, c.obs_dtype) for c in cases]
     budget_s = 0.15 if args.quick else 1.0
@@ -444,6 +463,11 @@ def main() -> None:
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        kept = kept_rows(out, {c.name for c in cases}, clocks)
+        if kept is not None:
+            order = {"vector": 0, "atari": 1}
+            rows = sorted(kept["rows"] + rows, key=lambda r: order.get(r["case"], 2))
+            tables = {clock: format_table(rows, clock) for clock in clocks}
         goals = [r for r in rows if r["goal"] is not None]
         result = {
             "benchmark": "replay buffers: extend / sample / PER sample + update, ours vs TorchRL",
@@ -476,6 +500,8 @@ def main() -> None:
                           else r[clock]["speedup"] >= r["goal"] for clock in clocks}} for r in goals],
             "tables": {clock: table.splitlines() for clock, table in tables.items()},
         }
+        if kept is not None:
+            result["rows_kept_from_an_earlier_run"] = {k: v for k, v in kept.items() if k != "rows"}
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {out}")
 

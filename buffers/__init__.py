@@ -10,11 +10,14 @@
 
     nstep = NStepReturns(n=3, gamma=0.99, num_envs=8)
     rb.extend(nstep.push(step))         # step: TensorDict [8] of one vector-env step
+
+    loader = Prefetcher(prb, 256, device="cuda")    # host buffer, GPU learner: see prefetch.py
 """
 
 from .nstep import NStepReturns
+from .prefetch import Prefetcher
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
 from .returns import lambda_returns
 
-__all__ = ["lambda_returns", "NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]
+__all__ = ["NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree", "lambda_returns"]

@@ -1,25 +1,34 @@
-"""Proportional prioritized replay (Schaul et al. 2016) on vectorised, wide float64 sum and min trees.
+"""Proportional prioritized replay (Schaul et al. 2016) on one vectorised, wide float64 sum-and-min tree.
 
 Invariants kept here (tests/test_prioritized.py checks each):
 - The stored priority of an item is (|p| + eps) ** alpha; P(i) = stored_i / total.
 - New items get the largest stored priority seen so far (1.0 at the start).
 - Every internal node is recomputed from its children on each update, never adjusted by a
-  difference, so the trees cannot drift; float64 keeps items reachable at 1M capacity.
+  difference, so the tree cannot drift; float64 keeps items reachable at 1M capacity.
 - Sampling is stratified: [0, total) is cut into batch_size equal segments, one draw in each.
 - weight_i = (N P(i)) ** -beta / max_j (N P(j)) ** -beta = (stored_i / min_j stored_j) ** -beta,
-  with the minimum over the whole buffer (a min tree keeps it), so weights lie in (0, 1].
+  with the minimum over the whole buffer (the tree keeps it), so weights lie in (0, 1].
 - A priority update for an index whose slot was overwritten since is ignored; when one update
-  names an index twice, the last value wins. Bad input raises before anything changes.
+  names an index twice, the last value wins. Bad input (NaN, inf or negative priorities, negative
+  or never-written indices) never reaches the tree: it raises before anything changes
+  (validation="immediate"), or is dropped and reported later (validation="deferred", see
+  PrioritizedReplayBuffer).
 
-Why wide trees: on small observations the cost of PER is the number of tiny tensor ops, not
-the bytes they touch. A binary tree over 1M leaves takes 20 levels of ops per update and per
-descent; rows of 32 children under a top level of at most 4096 entries take 3.
+Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
+cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
+levels of ops per update and per descent; rows of 32 children under a top level of at most 32768
+entries take 2. Sums and minimums share each level (row 0 and row 1 of one [2, n] tensor), so one
+gather and one write serve both.
+
+Why no host reads in sample and update (deferred validation): on a GPU a value read back to the
+CPU makes it wait for every queued kernel, and graph capture (CUDA graphs, torch.compile's
+"reduce-overhead") forbids it. So everything sample and update read is a tensor on the buffer's
+device, including the write count and beta, and no Python branch depends on a device value.
 """
 
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 
 import torch
 from tensordict import TensorDict
@@ -28,70 +37,97 @@ from .replay import ReplayBuffer
 
 
 class SegmentTree:
-    """Sums (op="sum") or minimums (op="min") of `capacity` float64 leaves, kept in a few levels.
+    """Sums, and minimums of the positive values, of `capacity` float64 leaves, in a few wide levels.
 
-    Layout: `levels[0]` holds the leaves (padded), and each level has `arity` times as many
-    entries as the one above it, read as rows of `arity` children: `levels[l + 1][r]` is the sum
-    (or min) of row r of `levels[l].view(-1, arity)`. So every entry, padding included, has a full
-    row of children, and a descent can never step outside a level. The top level, the first with
-    at most `top` entries, is not grouped further; its sum (or min) is the root. Padding and
-    leaves never written hold the identity of `op` (0 or inf), so they change no sum or min.
+    Layout: `leaves` (padded) is read as rows of `arity` children. `levels[0]` is a [2, n] tensor
+    whose entry r holds the sum (row 0) and the minimum of the positive values (row 1) of leaf
+    row r; each level above holds the same for the rows of `arity` entries of the level below
+    (`levels[l + 1][0, r]` sums `levels[l][0].view(-1, arity)[r]`, `levels[l + 1][1, r]` is the
+    min of `levels[l][1].view(-1, arity)[r]`). So every entry, padding included, has a full row of
+    children, and a descent can never step outside a level. The top level, the first with at most
+    `top` entries (there is always one level above the leaves), is not grouped further; its sum
+    and min are the roots. A leaf of 0 is an empty slot: padding and leaves never set are 0, and
+    the minimums skip them (inf where a row has no positive leaf), so an empty slot changes
+    neither root. Sums and minimums share each level so that one gather and one write serve both,
+    and the leaves are stored once.
 
-    No drift: a parent is always recomputed as `reduce(row of its children, dim=1)`, the same
-    torch reduction over the same values whichever update wrote it, so every level equals the
-    reduction of the level below exactly, as if the tree had been rebuilt from its leaves.
+    No drift, and one answer on every path: a parent is always recomputed from its row of
+    children, never adjusted by a difference, and a sum is always the left-to-right sum of the
+    row (the last entry of its cumsum; the same order as the descent's cumulative sums). So every
+    level equals the reduction of the level below bit for bit, as if rebuilt from the leaves, and
+    eager code and torch.compile'd code (which would reorder a `sum`) write the same values.
 
-    Cost: on small tensors each torch op costs a few microseconds whatever its size, and an
-    update takes four ops per level, a descent eight; a wide `arity` and `top` keep the levels
-    few (1M leaves with arity 32 and top 4096: 3 levels, against 20 in a binary tree).
+    Cost: on small tensors each torch op costs a few microseconds whatever its size, and cache
+    misses on the leaves cost about as much again; an update takes about eight ops per level for
+    both reductions, a descent seven. A wide `arity` and `top` keep the levels few: 1M leaves with
+    arity 32 and top 32768 take 2 levels (against 20 in a binary tree); a third level, or a top
+    searched in two steps, measured slower.
     """
 
-    def __init__(self, capacity: int, op: str, device: str | torch.device = "cpu", arity: int = 32,
-                 top: int = 4096):
-        if op not in ("sum", "min"):
-            raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
+    def __init__(self, capacity: int, device: str | torch.device = "cpu", arity: int = 32, top: int = 32768):
         if int(arity) < 2 or int(top) < 1:
             raise ValueError(f"arity must be >= 2 and top >= 1, got arity={arity}, top={top}")
-        self.capacity, self.op, self.arity, self.top = int(capacity), op, int(arity), int(top)
-        self.identity = 0.0 if op == "sum" else math.inf
-        self.reduce = torch.sum if op == "sum" else torch.amin
-        depth = 0  # levels above the leaves
+        self.capacity, self.arity, self.top = int(capacity), int(arity), int(top)
+        depth = 1  # levels above the leaves
         while -(-self.capacity // self.arity**depth) > self.top:
             depth += 1
         width = -(-self.capacity // self.arity**depth)  # entries in the top level
-        sizes = [width * self.arity**d for d in range(depth, -1, -1)]  # leaves first
-        self.levels = [torch.full((n,), self.identity, dtype=torch.float64, device=device) for n in sizes]
+        self.leaves = torch.zeros(width * self.arity**depth, dtype=torch.float64, device=device)
+        identities = torch.tensor([[0.0], [math.inf]], dtype=torch.float64, device=device)  # of sum, of min
+        self.levels = [identities.repeat(1, width * self.arity**d) for d in range(depth - 1, -1, -1)]
+        # Views made once (everything is written in place only, so they stay valid): the leaves as
+        # rows; each level below the top as [2, entries above, arity]; the sums the descent
+        # searches, the top's children first.
+        self._leaf_rows = self.leaves.view(-1, self.arity)
+        self._rows = [level.view(2, -1, self.arity) for level in self.levels[:-1]]
+        self._descent_rows = [rows[0] for rows in reversed(self._rows)] + [self._leaf_rows]
+        # Scratch, no state (a copy of the tree need not match it): find_prefix's cumulative sums
+        # of the top level after a 0, as (whole, written part, searched part, total) views.
+        upper = torch.zeros(width + 1, dtype=torch.float64, device=device)
+        self._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}
 
     @property
-    def root(self) -> torch.Tensor:
-        """The sum (or min) of all leaves, as a 0-d tensor (no host sync)."""
-        return self.reduce(self.levels[-1])
+    def total(self) -> torch.Tensor:
+        """The sum of all leaves (left to right over the top level), as a 0-d tensor (no host read)."""
+        return _row_sums(self.levels[-1][0])
 
-    def leaves(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.levels[0].index_select(0, slots)
+    @property
+    def minimum(self) -> torch.Tensor:
+        """The minimum of the positive leaves (inf if none), as a 0-d tensor."""
+        return self.levels[-1][1].amin()
 
-    def update(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """Set leaves[slots] = values, then recompute their ancestors, one level at a time.
+    def update(self, slots: torch.Tensor, values: torch.Tensor, full_rows: bool = False) -> None:
+        """Set leaves[slots] = values (>= 0), then recompute their ancestors, one level at a time.
 
         A slot may repeat only with equal values (index_copy_ keeps one of the copies, unspecified
         which). Above the leaves repeats are harmless: each copy of a parent is reduced from the
         already-final row of its children, so all copies write the same value.
+
+        `full_rows` promises that no leaf in the rows of `slots` is 0 after the update (true of
+        every slot of a full buffer whose capacity is a multiple of `arity`); the minimums then
+        skip the two ops that keep empty leaves out of them. A broken promise makes the minimum 0.
         """
-        self.levels[0].index_copy_(0, slots, values)
-        node = slots
-        for children, parents in pairwise(self.levels):
+        self.leaves.index_copy_(0, slots, values)
+        node = slots.div(self.arity, rounding_mode="floor")
+        row = self._leaf_rows.index_select(0, node)  # [k, arity]: the leaves under each node
+        self.levels[0].index_copy_(1, node, torch.stack([_row_sums(row), _positive_min(row, full_rows)]))
+        for rows, parents in zip(self._rows, self.levels[1:], strict=True):
             node = node.div(self.arity, rounding_mode="floor")
-            row = children.view(-1, self.arity).index_select(0, node)
-            parents.index_copy_(0, node, self.reduce(row, dim=1))
+            row = rows.index_select(1, node)  # [2, k, arity]: the children of each node
+            parents.index_copy_(1, node, torch.stack([_row_sums(row[0]), row[1].amin(1)]))
 
     def assign(self, leaves: torch.Tensor) -> None:
         """Set all `capacity` leaves at once and rebuild every level from them."""
-        self.levels[0][: self.capacity].copy_(leaves)
-        for children, parents in pairwise(self.levels):
-            self.reduce(children.view(-1, self.arity), dim=1, out=parents)
+        self.leaves[: self.capacity].copy_(leaves)
+        self.levels[0].copy_(torch.stack([_row_sums(self._leaf_rows), _positive_min(self._leaf_rows)]))
+        for rows, parents in zip(self._rows, self.levels[1:], strict=True):
+            parents.copy_(torch.stack([_row_sums(rows[0]), rows[1].amin(1)]))
 
-    def find_prefix(self, mass: torch.Tensor) -> torch.Tensor:
-        """For each mass (float64) in [0, root), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1]).
+    def find_prefix(self, mass: torch.Tensor, relative: bool = False) -> torch.Tensor:
+        """For each mass (float64) in [0, total), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1]).
+
+        With `relative`, `mass` is given as fractions of the total, in [0, 1) (saving the
+        reduction that reading `total` first would take).
 
         The descent searches the top level as one row, then the row of each chosen node's
         children: it picks the entry whose cumulative-sum interval holds the mass, subtracts the
@@ -101,27 +137,70 @@ class SegmentTree:
         entry: in a buffer, where zero leaves only follow the last item, the caller clamps that
         back into the filled range.
         """
-        top = self.levels[-1]
-        upper = top.cumsum(0)  # mass up to and including each entry
-        mass = mass.unsqueeze(1)  # [B, 1]: one search per row
-        node = torch.searchsorted(upper, mass, right=True).clamp_(max=top.numel() - 1)
-        mass = mass - torch.take(upper - top, node)  # minus the mass before the entry
-        node = node.view(-1)
-        for level in reversed(self.levels[:-1]):
-            row = level.view(-1, self.arity).index_select(0, node)  # [B, arity]: each node's children
+        # upper[j + 1] = the mass up to and including top entry j; upper[0] = 0, the mass before entry 0.
+        upper, upper_tail, upper_inner, total = self._scratch["upper"]
+        torch.cumsum(self.levels[-1][0], 0, out=upper_tail)
+        if relative:
+            mass = mass * total
+        # Searching all but the last boundary puts a mass at or past the end on the last entry.
+        node = torch.searchsorted(upper_inner, mass, right=True)
+        mass = (mass - upper.index_select(0, node)).unsqueeze_(1)  # [B, 1]: one search per row below
+        for depth, rows in enumerate(self._descent_rows, start=1):
+            row = rows.index_select(0, node)  # [B, arity]: each node's children
             upper = row.cumsum(1)
             child = torch.searchsorted(upper, mass, right=True).clamp_(max=self.arity - 1)
-            mass = mass - (upper - row).gather(1, child)
-            node = child.view(-1).add_(node, alpha=self.arity)  # index of the child in this level
+            node = torch.add(child.view(-1), node, alpha=self.arity)  # index of the child in this level
+            if depth < len(self._descent_rows):  # the mass left below the chosen child, for the level below
+                mass = mass - (upper - row).gather(1, child)
         return node
 
 
-class PrioritizedReplayBuffer(ReplayBuffer):
-    """ReplayBuffer whose `sample` draws proportionally to priority and adds "weight"."""
+def _row_sums(rows: torch.Tensor) -> torch.Tensor:
+    """Left-to-right sums along the last dimension (the order does not depend on how torch or a
+    compiler would vectorise a `sum`; see SegmentTree)."""
+    return rows.cumsum(-1)[..., -1]
 
-    # Shape of both trees (see SegmentTree); the tests shrink them to get deep trees on small buffers.
+
+def _positive_min(rows: torch.Tensor, full_rows: bool = False) -> torch.Tensor:
+    """The minimum of the positive values of each row (inf if none); `full_rows`: none is 0."""
+    return (rows if full_rows else rows.where(rows > 0, math.inf)).amin(-1)
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """ReplayBuffer whose `sample` draws proportionally to priority and adds "weight".
+
+    validation: what `update_priority` does with bad entries (NaN, inf or negative priorities,
+    negative indices, indices never written):
+    - "immediate" (the default on the CPU): it reads the extremes of the call's indices and
+      priorities back to the host (one sync on a GPU) and raises ValueError, naming the problem,
+      before anything changes; the call's valid entries are not applied either.
+    - "deferred" (the default on CUDA): it queues device work only. Bad entries are masked out
+      (their items keep the priority they had, so they never reach the tree) and counted on the
+      device; the valid entries of the same call are applied. The counts are read back, and a
+      ValueError naming them raised (once; the counts then restart from 0), every
+      `check_interval` eager calls, by `check()`, and by `state_dict()`. Inside torch.compile or
+      CUDA graph capture the periodic read is skipped (a host read is not allowed there): call
+      `check()` yourself at a low rate, e.g. when logging.
+    A wrong dtype or a count of priorities that differs from the count of indices is known without
+    reading the device and raises at once in both modes, changing nothing. Indices of items
+    overwritten since they were sampled are dropped silently in both modes (that is not an error).
+
+    Capture: with validation="deferred", `sample` and `update_priority` read only tensors on the
+    buffer's device (the tree, the write count, beta, max_priority, the generator) and take no
+    Python branch on their values, and every shape depends only on batch_size. So torch.compile
+    traces them without recompiling as the buffer fills and beta changes (one graph break: the
+    uniform draw, from a Generator it cannot trace, stays eager), and a CUDA graph of sample +
+    update replays correctly (register the generator: graph.register_generator_state(prb.generator)),
+    as `extend`, `beta = ...` and `load_state_dict` write those tensors in place. A captured graph
+    keeps the Python values it saw (alpha, eps, and whether the buffer was full): capture after
+    load_state_dict. benchmarks/gpu_tree.py does all of this.
+    """
+
+    # Shape of the tree (see SegmentTree); the tests shrink it to get deep trees on small buffers.
     tree_arity = 32
-    tree_top = 4096
+    tree_top = 32768
+    # Deferred validation reads its error counts back every this many update_priority calls.
+    check_interval = 100
 
     def __init__(
         self,
@@ -132,6 +211,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         device: str | torch.device = "cpu",
         seed: int | None = None,
         frame_stack: int = 0,
+        validation: str | None = None,
     ):
         super().__init__(capacity, device, seed, frame_stack)
         if not alpha >= 0:
@@ -140,16 +220,37 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"eps must be > 0 (it keeps every item sampleable), got {eps}")
         if not eps**alpha > 0:
             raise ValueError(f"eps ** alpha, the smallest stored priority, underflows to 0: {eps} ** {alpha}")
+        if validation is None:
+            validation = "deferred" if self.device.type == "cuda" else "immediate"
+        if validation not in ("immediate", "deferred"):
+            raise ValueError(f"validation must be 'immediate' or 'deferred', got {validation!r}")
+        self.validation = validation
         self.alpha = float(alpha)
         self.eps = float(eps)
+        # Leaves are the stored priorities, 0 for a slot never written. Stored priorities are
+        # >= eps ** alpha > 0, so the zero leaves are exactly the slots >= len(self), all after the
+        # last item, and the tree's minimum is the minimum over the items.
+        self.tree = SegmentTree(self.capacity, self.device, self.tree_arity, self.tree_top)
+        # Tensors, not Python numbers, so that sample and update never wait for the GPU and a
+        # captured graph reads their current values; all are written in place only, and have
+        # shape [1], not []: torch.compile (2.13) drops in-place writes to 0-d tensor attributes.
+        self.max_priority = torch.ones(1, dtype=torch.float64, device=self.device)
+        self._last_index = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # written - 1
+        self._last_slot = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
+        self._neg_beta = torch.zeros(1, dtype=torch.float64, device=self.device)  # -beta
+        self._set_write_count(0)
         self.beta = beta
-        # Leaves of both trees are the stored priorities; an unwritten slot holds 0 in the sum
-        # tree and inf in the min tree. Stored priorities are >= eps ** alpha > 0, so the sum
-        # tree's zero leaves are exactly the slots >= len(self), all after the last item.
-        self.sum_tree = SegmentTree(self.capacity, "sum", self.device, self.tree_arity, self.tree_top)
-        self.min_tree = SegmentTree(self.capacity, "min", self.device, self.tree_arity, self.tree_top)
-        # A tensor, not a float, so that writing and updating never wait for the GPU.
-        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
+        # Scratch, reused to save ops; it holds no state (a copy of the buffer need not match it):
+        # last_copy[slot] = position in the current update_priority call of the slot's last valid
+        # copy; strata = arange(B) / B and positions = arange(k) for the last batch sizes seen.
+        self._scratch = {
+            "last_copy": torch.empty(self.capacity, dtype=torch.int32, device=self.device),
+            "strata": torch.empty(0, dtype=torch.float64, device=self.device),
+            "positions": torch.empty(0, dtype=torch.int32, device=self.device),
+        }
+        # Deferred validation: counts of dropped entries, by reason (see _REJECTED), and calls so far.
+        self._rejected = torch.zeros(len(_REJECTED), dtype=torch.int64, device=self.device)
+        self._calls = 0
 
     @property
     def beta(self) -> float:
@@ -160,42 +261,88 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if not value >= 0:
             raise ValueError(f"beta must be >= 0, got {value}")
         self._beta = float(value)
+        self._neg_beta.fill_(-self._beta)
 
     def _on_write(self, slots: torch.Tensor) -> None:
-        priority = self.max_priority.expand(slots.shape)
-        self.sum_tree.update(slots, priority)
-        self.min_tree.update(slots, priority)
+        self._set_write_count(self.written + slots.numel())
+        self.tree.update(slots, self.max_priority.expand(slots.shape), self._full_rows)
+
+    def _set_write_count(self, written: int) -> None:
+        """Mirror the write count where sample and update read it: device tensors and one flag."""
+        self._last_index.fill_(written - 1)
+        self._last_slot.fill_(min(written, self.capacity) - 1)
+        # No empty leaf is left in any row of the tree (see SegmentTree.update). Under CUDA graph
+        # capture this flag, like alpha and eps, is read once: capture after load_state_dict.
+        self._full_rows = written >= self.capacity and self.capacity % self.tree.arity == 0
+
+    def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
+        # As ReplayBuffer._index_of, from the device copy of the write count.
+        return self._last_index - torch.remainder(self._last_index - slots, self.capacity)
+
+    # ---- sampling ----------------------------------------------------------------------------------
 
     def sample(self, batch_size: int) -> TensorDict:
         """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
         self._check_sample(batch_size)
+        strata = self._scratch["strata"]
+        if strata.numel() != batch_size:
+            strata = torch.arange(batch_size, dtype=torch.float64, device=self.device) / batch_size
+            self._scratch["strata"] = strata
         # Draw i is uniform in [i, i + 1) * total / batch_size.
-        mass = torch.rand(batch_size, generator=self.generator, device=self.device, dtype=torch.float64)
-        mass.add_(torch.arange(batch_size, device=self.device, dtype=torch.float64))
-        mass.mul_(self.sum_tree.root / batch_size)
+        mass = self._uniforms(batch_size)
+        fraction = torch.add(strata, mass, alpha=1 / batch_size)
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
-        slots = self.sum_tree.find_prefix(mass).clamp_(max=len(self) - 1)
-        weight = (self.sum_tree.leaves(slots) / self.min_tree.root).pow_(-self.beta)
-        return self._gather(slots, weight=weight.float())
+        slots = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
+        stored = self.tree.leaves.index_select(0, slots)
+        weight = torch.empty(batch_size, dtype=torch.float32, device=self.device)
+        torch.pow(stored.div_(self.tree.minimum), self._neg_beta, out=weight)
+        return self._gather(slots, weight=weight)
+
+    @torch.compiler.disable  # torch.compile cannot trace a Generator held by an object: draw eagerly
+    def _uniforms(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator, device=self.device, dtype=torch.float64)
+
+    # ---- priority updates ----------------------------------------------------------------------------
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Set the priorities of sampled items from their raw |TD error| (one per index).
 
-        All checks read back one small tensor (a single host sync on a GPU) before anything
-        is written, so bad input raises and changes nothing.
+        Bad entries raise before anything changes, or are dropped and reported later, as
+        `validation` says (see the class docstring).
         """
-        index = torch.as_tensor(index, device=self.device).reshape(-1)
-        priority = torch.as_tensor(priority, device=self.device).detach().reshape(-1).to(torch.float64)
+        index = torch.as_tensor(index, device=self.device)
+        priority = torch.as_tensor(priority, device=self.device)
         if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
             raise ValueError(f"indices must be integers, got dtype {index.dtype}")
         if priority.numel() != index.numel():
             raise ValueError(f"got {index.numel()} indices but {priority.numel()} priorities")
         if index.numel() == 0:
             return
-        index = index.long()
-        # Row 0 bounds the indices, row 1 the priorities; NaN makes a priority's min and max NaN.
-        bounds = torch.stack(torch.stack([index.double(), priority]).aminmax(dim=1), dim=1)
-        (lowest, highest), (smallest, largest) = bounds.tolist()
+        # Each conversion only when needed: on small batches every op call costs microseconds.
+        if index.dim() != 1 or index.dtype != torch.int64:
+            index = index.reshape(-1).long()
+        if priority.requires_grad:
+            priority = priority.detach()
+        if priority.dim() != 1:
+            priority = priority.reshape(-1)
+        if priority.dtype != torch.float64:
+            priority = priority.to(torch.float64)
+        if self.validation == "immediate":
+            index, priority = self._checked(index, priority)
+            if index.numel() > 0:
+                self._write_priorities(index, priority, None)
+            return
+        self._write_priorities(index, priority, self._valid(index, priority))
+        if not (torch.compiler.is_compiling() or self._capturing()):
+            self._calls += 1
+            if self._calls % self.check_interval == 0:
+                self.check()
+
+    def _checked(self, index: torch.Tensor, priority: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Immediate validation: raise on bad entries (one host read); drop stale ones."""
+        smallest, largest = torch.aminmax(priority)  # NaN makes both NaN
+        lowest, highest = torch.aminmax(index)
+        smallest, largest, lowest, highest = smallest.item(), largest.item(), lowest.item(), highest.item()
         if not (math.isfinite(smallest) and math.isfinite(largest)):
             raise ValueError("priorities must be finite; got NaN or inf")
         if smallest < 0:
@@ -211,25 +358,70 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if lowest < first_live:  # some items were overwritten since they were sampled: drop them
             live = index >= first_live
             index, priority = index[live], priority[live]
-            if index.numel() == 0:
-                return
-        # Last value wins: a stable sort lines up the copies of a slot in call order, and every
-        # copy takes the value of the last one (so the trees see only equal repeated writes).
-        slots, order = torch.sort(index.remainder(self.capacity), stable=True)
-        last = torch.searchsorted(slots, slots, right=True).sub_(1)  # last copy of each slot, in sorted order
-        value = priority.index_select(0, order.index_select(0, last))
+        return index, priority
+
+    def _valid(self, index: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
+        """Deferred validation: a mask of the entries to apply; counts the bad ones on the device."""
+        bad = torch.stack([
+            ~priority.isfinite(),
+            priority < 0,
+            index < 0,
+            index > self._last_index,
+        ])  # one row per reason in _REJECTED
+        self._rejected.add_(bad.sum(1))
+        stale = index <= self._last_index - self.capacity  # overwritten since: dropped, not an error
+        return ~(bad.any(0) | stale)
+
+    def _write_priorities(self, index: torch.Tensor, priority: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Write (|p| + eps) ** alpha for the valid entries (all when `valid` is None); last copy wins.
+
+        Each copy of a slot in the call takes the value of its last valid copy, found with a
+        scatter of positions reduced by max (deterministic on every device), so the tree only sees
+        repeated slots with equal values. A slot with no valid copy keeps its leaves.
+        """
+        slots = index.remainder(self.capacity)  # in range even for the bad indices, which are masked
+        position, last_copy = self._scratch["positions"], self._scratch["last_copy"]
+        if position.numel() != index.numel():
+            position = torch.arange(index.numel(), dtype=torch.int32, device=self.device)
+            self._scratch["positions"] = position
+        if valid is not None:
+            position = torch.where(valid, position, -1)
+        last_copy.scatter_reduce_(0, slots, position, "amax", include_self=False)
+        last = last_copy.index_select(0, slots)  # -1 where no copy of the slot is valid
+        value = priority.index_select(0, last if valid is None else last.clamp(min=0))
         stored = value.add_(self.eps).pow_(self.alpha)  # (|p| + eps) ** alpha, as p >= 0
-        self.sum_tree.update(slots, stored)
-        self.min_tree.update(slots, stored)
-        self.max_priority = torch.maximum(self.max_priority, stored.amax())
+        if valid is not None:  # a slot with no valid copy keeps its leaf
+            stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
+        self.tree.update(slots, stored, self._full_rows)
+        torch.maximum(self.max_priority, stored.amax(), out=self.max_priority)
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def check(self) -> None:
+        """Raise ValueError if deferred validation dropped entries since the last check (one host read)."""
+        counts = self._rejected.tolist()
+        if not any(counts):
+            return
+        self._rejected.zero_()
+        found = ", ".join(f"{n} {reason}" for n, reason in zip(counts, _REJECTED, strict=True) if n)
+        raise ValueError(
+            f"update_priority dropped bad entries since the last check: {found} (the items kept their "
+            f"previous priorities; {self.written} items written so far). Pass the absolute TD error, "
+            "finite, with the indices from sample()."
+        )
+
+    # ---- checkpointing -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        """As ReplayBuffer's, plus the priorities; raises first if deferred validation found bad entries."""
+        self.check()
         state = super().state_dict()
         state.update(
             alpha=self.alpha,
             beta=self.beta,
             eps=self.eps,
-            priority=self.sum_tree.levels[0][: self.capacity].clone(),  # 0 for slots never written
+            priority=self.tree.leaves[: self.capacity].clone(),  # 0 for slots never written
             max_priority=self.max_priority.clone(),
         )
         return state
@@ -238,8 +430,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().load_state_dict(state)
         self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
         priority = state["priority"].to(self.device, torch.float64)
-        # The trees are a function of their leaves (no drift), so rebuilding them restores them exactly.
-        self.sum_tree.assign(priority)
-        written = torch.arange(self.capacity, device=self.device) < len(self)
-        self.min_tree.assign(torch.where(written, priority, math.inf))
-        self.max_priority = state["max_priority"].to(self.device, torch.float64).clone()
+        # The tree is a function of its leaves (no drift), so rebuilding it restores it exactly.
+        self.tree.assign(priority)
+        self.max_priority.copy_(state["max_priority"].reshape(1))
+        self._set_write_count(self.written)
+        self._rejected.zero_()
+
+
+# Why deferred validation drops an entry, in the order of PrioritizedReplayBuffer._rejected.
+_REJECTED = (
+    "with NaN or inf priorities",
+    "with negative priorities",
+    "with negative indices",
+    "with indices never written",
+)

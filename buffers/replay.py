@@ -115,10 +115,39 @@ class ReplayBuffer:
         slots = torch.randint(len(self), (batch_size,), generator=self.generator, device=self.device)
         return self._gather(slots)
 
+    def sample_slices(self, batch_size: int, length: int, stride: int = 1) -> TensorDict:
+        """Draw `batch_size` slices of `length` items each: TensorDict [batch_size, length], plus "index".
+
+        Slice b holds the items i_b, i_b + stride, ..., i_b + (length - 1) * stride. A vector env of
+        E envs that writes one transition per env per step (n = 1, in env order, as the
+        TransitionRecorder does) puts one env's consecutive steps `stride = E` apart, so a slice
+        is a short trajectory of one env. Starts are drawn uniformly, with replacement, with the
+        buffer's generator (PrioritizedReplayBuffer too: priorities play no part), among those
+        whose whole slice is stored: written - len(self) <= i and i + (length - 1) * stride < written.
+
+        Slices are not cut at episode ends: "terminated" and "truncated" come back as stored, and
+        the caller masks every step after the first end in a slice.
+        """
+        self._check_sample(batch_size)
+        if int(length) < 1 or int(stride) < 1:
+            raise ValueError(f"length and stride must be positive, got length={length}, stride={stride}")
+        span = (length - 1) * stride  # from the first item of a slice to its last
+        starts = len(self) - span  # how many start indices have their whole slice stored
+        if starts <= 0:
+            raise ValueError(f"a slice of {length} items {stride} apart spans {span + 1} items; "
+                             f"the buffer holds {len(self)}")
+        first = torch.randint(starts, (batch_size, 1), generator=self.generator, device=self.device)
+        index = first + (self.written - len(self)) + stride * torch.arange(length, device=self.device)
+        slots = index.remainder(self.capacity).view(-1)
+        batch = {key: torch.index_select(value, 0, slots).view(batch_size, length, *value.shape[1:])
+                 for key, value in self.storage.items(True, True)}
+        batch["index"] = index
+        return TensorDict(batch, batch_size=[batch_size, length], device=self.device)
+
     def _check_sample(self, batch_size: int) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if self.written == 0:
+        if self.storage is None:  # as written == 0, but not a Python int that torch.compile would guard on
             raise RuntimeError("cannot sample from an empty buffer: extend it first")
 
     def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
@@ -126,7 +155,7 @@ class ReplayBuffer:
         batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
         batch["index"] = self._index_of(slots)
         batch.update(extra)
-        return TensorDict(batch, batch_size=[slots.numel()], device=self.device)
+        return _tensordict(batch, slots.numel(), self.device)
 
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
         """The write position of the item now in each slot: the latest k < written with k % capacity == slot."""
@@ -154,6 +183,18 @@ class ReplayBuffer:
         self._stored_layout = None if self.storage is None else _layout(self.storage)
         self.written = int(state["written"])
         self.generator.set_state(state["generator"])
+
+
+def _tensordict(batch: dict, size: int, device: torch.device) -> TensorDict:
+    """TensorDict(batch, [size], device) for values known to be [size, ...] tensors on `device`.
+
+    With flat keys it skips the constructor's checks of that (TensorDict._new_unsafe, 3-5x
+    cheaper on a small batch: 4 against 9-19 us); nested keys (tuples) take the constructor.
+    """
+    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+    if new_unsafe is not None and all(type(key) is str for key in batch):
+        return new_unsafe(batch, batch_size=torch.Size([size]), device=device)
+    return TensorDict(batch, batch_size=[size], device=device)
 
 
 def _layout(data: TensorDict) -> dict:

@@ -43,7 +43,8 @@ def _state(value):
     if isinstance(value, (list, tuple)):
         return type(value).__name__, [_state(v) for v in value]
     if hasattr(value, "__dict__") and not callable(value):
-        return type(value).__name__, {k: _state(v) for k, v in vars(value).items()}
+        # `_scratch`: buffers reused between calls to save ops, declared to hold no state.
+        return type(value).__name__, {k: _state(v) for k, v in vars(value).items() if k != "_scratch"}
     return value
 
 
@@ -52,8 +53,9 @@ def snapshot():
     """snapshot(obj) -> a plain, ==-comparable picture of every attribute of obj, recursively.
 
     Tensors and TensorDicts become their bytes (plus dtype, shape and device), generators their
-    state, nested objects (the segment trees) their own attributes. Two snapshots are equal
-    exactly when nothing observable about the object changed.
+    state, nested objects (the segment trees) their own attributes, except an attribute named
+    `_scratch` (reused memory that holds no state). Two snapshots are equal exactly when nothing
+    observable about the object changed.
     """
     return _state
 

@@ -90,7 +90,7 @@ def test_per_writes_back_priorities_of_the_sampled_indices_and_anneals_beta_to_o
         def update_priority(self, index, priority):
             calls.append(("update", index.clone(), priority.clone()))
             super().update_priority(index, priority)
-            calls.append(("stored", self.sum_tree.leaves(index % self.capacity).clone()))
+            calls.append(("stored", self.tree.leaves[index % self.capacity].clone()))
 
     buffers: list[Spy] = []
     monkeypatch.setattr(per_dqn, "PrioritizedReplayBuffer", Spy)

@@ -3,13 +3,15 @@
 Storage behaviour shared with ReplayBuffer (ring order, layout checks, empty batches, seeding,
 checkpoints of the storage) is tested for both classes in test_replay.py.
 
-The buffers here are small, and at the default tree shape (arity 32, top 4096) a tree over at
-most 4096 leaves has a single level; so the buffer tests also run on smaller shapes, with several
-levels over 1000 leaves, through the `tree_shape` fixture.
+The buffers here are small, and at the default tree shape (arity 32, top 32768) a tree over at
+most 2^20 leaves has a single level above them; so the buffer tests also run on smaller shapes,
+with several levels over 1000 leaves, through the `tree_shape` fixture. The last section covers
+deferred validation (no host reads) and capture (torch.compile; CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from itertools import pairwise
 
@@ -22,19 +24,20 @@ from buffers import PrioritizedReplayBuffer, SegmentTree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# (arity, top): the default; rows of 32 under a small top (2-3 levels here); a binary tree down to
-# a single root; a ternary one whose leaves need padding (7 levels over 1000 leaves).
-TREE_SHAPES = {"default": (32, 4096), "wide": (32, 64), "binary": (2, 1), "deep": (3, 4)}
+# (arity, top): the default (one level above the leaves here); rows of 32 under a small top (2-3
+# levels here); a binary tree down to a single root; a ternary one whose leaves need padding
+# (6-7 levels over 1000 leaves).
+TREE_SHAPES = {"default": (32, 32768), "wide": (32, 16), "binary": (2, 1), "deep": (3, 4)}
 assert TREE_SHAPES["default"] == (PrioritizedReplayBuffer.tree_arity, PrioritizedReplayBuffer.tree_top)
 
 
-def make_tree(capacity: int, op: str, device, shape: str) -> SegmentTree:
-    return SegmentTree(capacity, op, device, *TREE_SHAPES[shape])
+def make_tree(capacity: int, device, shape: str) -> SegmentTree:
+    return SegmentTree(capacity, device, *TREE_SHAPES[shape])
 
 
 @pytest.fixture(params=["default", "wide", "deep"])
 def tree_shape(request, monkeypatch):
-    """Run a buffer test with the default trees and with deeper ones."""
+    """Run a buffer test with the default tree and with deeper ones."""
     arity, top = TREE_SHAPES[request.param]
     monkeypatch.setattr(PrioritizedReplayBuffer, "tree_arity", arity)
     monkeypatch.setattr(PrioritizedReplayBuffer, "tree_top", top)
@@ -51,38 +54,51 @@ def fill(buf, count: int, start: int = 0, chunk: int = 64) -> None:
         buf.extend(items(torch.arange(lo, min(lo + chunk, start + count))))
 
 
+def positive_min(values: np.ndarray, axis=None) -> np.ndarray:
+    """The minimum of the positive values (inf where there are none): what the tree's minimums keep."""
+    return np.where(values > 0, values, np.inf).min(axis=axis)
+
+
 def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> None:
     """No drift: every level equals the reduction of the rows of the level below, bit for bit.
 
-    Each level is compared with torch's own sum/amin over the whole level below, on the tree's
-    device (the reduction an update applies to each row), and with numpy's: exactly for min,
-    to 1e-12 relative for sum (numpy may add in another order). Each level has `arity` entries
-    per entry of the one above, the top at most `top`. With `leaves`, the leaves must equal them
-    exactly, and the padding leaves hold the identity.
+    Each level is compared, exactly, with the reductions of the rows of the level below computed
+    here over the whole level below, with torch on the tree's device and with numpy: the
+    left-to-right sum (the last entry of a cumsum), and the min (over the positive leaves for the
+    level above the leaves). Each level is [2, n] float64 (sums, minimums), with `arity` entries
+    per entry of the level above; the top has at most `top` entries. With `leaves`, the leaves
+    must equal them exactly, and the padding leaves are 0. The roots are the top's sum and min.
     """
-    identity, reduce = (0.0, torch.sum) if tree.op == "sum" else (math.inf, torch.amin)
     arity = tree.arity
     levels = tree.levels
-    assert all(level.dtype == torch.float64 for level in levels)
-    assert levels[-1].numel() <= tree.top and levels[0].numel() >= tree.capacity
-    assert all(children.numel() == arity * parents.numel() for children, parents in pairwise(levels))
+    assert tree.leaves.dtype == torch.float64 and tree.leaves.shape == (tree.leaves.numel(),)
+    assert all(level.dtype == torch.float64 and level.shape[0] == 2 for level in levels)
+    assert levels[-1].shape[1] <= tree.top and tree.leaves.numel() >= tree.capacity
+    sizes = [tree.leaves.numel()] + [level.shape[1] for level in levels]
+    assert all(children == arity * parents for children, parents in pairwise(sizes))
+    stored = tree.leaves.cpu().numpy()
     if leaves is not None:
-        stored = levels[0].cpu().numpy()
         assert np.array_equal(stored[: tree.capacity], leaves)
-        assert (stored[tree.capacity :] == identity).all()
-    for depth, (children, parents) in enumerate(pairwise(levels), start=1):
-        rows = children.view(-1, arity)
-        mismatch = torch.nonzero(parents != reduce(rows, dim=1)).flatten().tolist()
-        assert not mismatch, f"level {depth} nodes {mismatch[:8]} differ from their children's {tree.op}"
-        if tree.op == "sum":
-            np.testing.assert_allclose(parents.cpu().numpy(), rows.cpu().numpy().sum(1), rtol=1e-12, atol=0)
+        assert (stored[tree.capacity :] == 0).all()
+    for depth, parents in enumerate(levels, start=1):
+        if depth == 1:  # over the leaves, the minimum skips the empty (zero) ones
+            rows = tree.leaves.view(-1, arity)
+            expected = torch.stack([rows.cumsum(1)[:, -1], torch.where(rows > 0, rows, math.inf).amin(1)])
+            numpy_sums = numpy_mins = stored.reshape(-1, arity)
         else:
-            assert np.array_equal(parents.cpu().numpy(), rows.cpu().numpy().min(1))
-    assert torch.equal(tree.root, reduce(levels[-1]))
+            rows = levels[depth - 2].view(2, -1, arity)
+            expected = torch.stack([rows[0].cumsum(1)[:, -1], rows[1].amin(1)])
+            numpy_sums, numpy_mins = (row.cpu().numpy().reshape(-1, arity) for row in levels[depth - 2])
+        mismatch = torch.nonzero(parents != expected).tolist()
+        assert not mismatch, f"level {depth} entries (row, node) {mismatch[:8]} differ from their children's"
+        assert np.array_equal(parents[0].cpu().numpy(), np.cumsum(numpy_sums, axis=1)[:, -1])
+        assert np.array_equal(parents[1].cpu().numpy(), positive_min(numpy_mins, axis=1))
+    assert torch.equal(tree.total, levels[-1][0].cumsum(0)[-1])
+    assert torch.equal(tree.minimum, levels[-1][1].amin())
 
 
 def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
-    return prb.sum_tree.levels[0][: prb.capacity].cpu().numpy()
+    return prb.tree.leaves[: prb.capacity].cpu().numpy()
 
 
 # ---- the segment tree --------------------------------------------------------------------------
@@ -91,12 +107,12 @@ def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
 @pytest.mark.parametrize(
     "capacity, arity, top, sizes",
     [
-        (1, 32, 4096, [1]),
-        (4096, 32, 4096, [4096]),
-        (4097, 32, 4096, [4128, 129]),
-        (10**5, 32, 4096, [10**5, 3125]),
+        (1, 32, 32768, [32, 1]),
+        (2**20, 32, 32768, [2**20, 2**15]),
+        (2**20 + 1, 32, 32768, [1025 * 1024, 1025 * 32, 1025]),
+        (10**6, 32, 32768, [10**6, 31250]),
         (10**6, 32, 4096, [977 * 32 * 32, 977 * 32, 977]),
-        (3000, 32, 64, [3072, 96, 3]),
+        (3000, 32, 16, [3072, 96, 3]),
         (7, 2, 1, [8, 4, 2, 1]),
         (1000, 2, 1, [2**k for k in range(10, -1, -1)]),
         (10, 3, 4, [12, 4]),
@@ -104,22 +120,24 @@ def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
     ],
 )
 def test_segment_tree_layout(capacity, arity, top, sizes):
-    """Each level has `arity` times the entries of the one above; the top has at most `top`."""
-    tree = SegmentTree(capacity, "sum", "cpu", arity, top)
-    assert [level.numel() for level in tree.levels] == sizes
+    """Leaves, then each level with `arity` times fewer entries; at least one level above the
+    leaves, and the top, the first with at most `top` entries."""
+    tree = SegmentTree(capacity, "cpu", arity, top)
+    assert [tree.leaves.numel()] + [level.shape[1] for level in tree.levels] == sizes
+    assert all(level.shape[0] == 2 for level in tree.levels)
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
 @pytest.mark.parametrize("capacity", [1, 5, 1000, 1024, 3000])
-@pytest.mark.parametrize("op", ["sum", "min"])
-def test_segment_tree_matches_a_numpy_reference(device, capacity, op, shape):
+def test_segment_tree_matches_a_numpy_reference(device, capacity, shape):
     """Hundreds of calls of random leaf writes, with repeated slots (each repeat carrying the same
-    value, as update requires); after each call every level is checked exactly against its
-    children (assert_tree_exact), and at the end against a tree rebuilt from the reference
-    leaves with assign."""
+    value, as update requires) and zeros (empty slots, which the minimums skip); after each call
+    every level is checked exactly against its children (assert_tree_exact), and at the end the
+    roots against the reference and the tree against one rebuilt from the reference leaves with
+    assign."""
     rng = np.random.default_rng(capacity)
-    tree = make_tree(capacity, op, device, shape)
-    reference = np.full(capacity, 0.0 if op == "sum" else np.inf)
+    tree = make_tree(capacity, device, shape)
+    reference = np.zeros(capacity)
     repeats = 0
     for _ in range(200):
         count = int(rng.integers(1, min(capacity, 64) + 1))
@@ -132,20 +150,46 @@ def test_segment_tree_matches_a_numpy_reference(device, capacity, op, shape):
         reference[unique] = values
         assert_tree_exact(tree, reference)
     assert capacity == 1 or repeats > 100
-    combine = math.fsum if op == "sum" else min
-    assert tree.root.item() == pytest.approx(combine(reference.tolist()), rel=1e-12)
-    rebuilt = make_tree(capacity, op, device, shape)
+    assert tree.total.item() == pytest.approx(math.fsum(reference.tolist()), rel=1e-12)
+    assert tree.minimum.item() == positive_min(reference)
+    rebuilt = make_tree(capacity, device, shape)
     rebuilt.assign(torch.as_tensor(reference, device=device))
+    assert torch.equal(tree.leaves, rebuilt.leaves)
     assert all(torch.equal(a, b) for a, b in zip(tree.levels, rebuilt.levels, strict=True))
+
+
+@pytest.mark.parametrize("shape", TREE_SHAPES)
+def test_full_rows_skips_only_work_that_changes_nothing(device, shape):
+    """update(..., full_rows=True) on a tree whose leaf rows hold no zero gives the same tree, bit
+    for bit, as the default update; and the promise matters: broken, the minimum becomes 0."""
+    arity = TREE_SHAPES[shape][0]
+    capacity = arity * 37
+    rng = np.random.default_rng(7)
+    trees = [make_tree(capacity, device, shape) for _ in range(2)]
+    start = torch.as_tensor(rng.exponential(size=capacity) + 0.1, device=device)
+    for tree in trees:
+        tree.assign(start)
+    for _ in range(50):
+        slots = torch.as_tensor(rng.integers(0, capacity, size=40), device=device)
+        values = torch.as_tensor(rng.exponential(size=40) + 1e-3, device=device).index_select(
+            0, torch.unique(slots, return_inverse=True)[1])  # equal values for repeated slots
+        trees[0].update(slots, values)
+        trees[1].update(slots, values, full_rows=True)
+        assert torch.equal(trees[0].leaves, trees[1].leaves)
+        assert all(torch.equal(a, b) for a, b in zip(trees[0].levels, trees[1].levels, strict=True))
+    assert_tree_exact(trees[1])
+    trees[1].update(torch.tensor([0], device=device), torch.zeros(1, dtype=torch.float64, device=device), True)
+    assert trees[1].minimum.item() == 0.0
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
 @pytest.mark.parametrize("capacity", [1, 7, 1000, 1024, 3000])
 def test_find_prefix_on_integer_leaves_equals_searchsorted(device, capacity, shape):
     """Integer-valued leaves make every partial sum exact, so the descent must agree with
-    np.searchsorted(cumsum, mass, side="right") everywhere: on boundaries, and past zero leaves."""
+    np.searchsorted(cumsum, mass, side="right") everywhere: on boundaries, and past zero leaves.
+    Masses given as fractions of the total (relative=True) land where fraction * total does."""
     rng = np.random.default_rng(capacity + 1)
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = rng.integers(0, 4, size=capacity).astype(np.float64)  # about a quarter are zero
     leaves[rng.integers(capacity)] = 5.0
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
@@ -163,6 +207,8 @@ def test_find_prefix_on_integer_leaves_equals_searchsorted(device, capacity, sha
     expected = np.searchsorted(cumsum, mass, side="right")
     assert np.array_equal(found, expected)
     assert (leaves[found] > 0).all()
+    fraction = torch.as_tensor(rng.uniform(0, 1, size=1000), device=device)
+    assert torch.equal(tree.find_prefix(fraction, relative=True), tree.find_prefix(fraction * tree.total))
 
 
 @pytest.mark.parametrize("shape", TREE_SHAPES)
@@ -172,12 +218,12 @@ def test_find_prefix_on_float_leaves(device, shape):
     with np.searchsorted; it never lands on a zero leaf. Seed 11."""
     rng = np.random.default_rng(11)
     capacity = 3000
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = rng.exponential(size=capacity) * 10.0 ** rng.uniform(-6, 6, size=capacity)
     leaves[rng.random(capacity) < 0.2] = 0.0
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
     cumsum = np.cumsum(leaves)
-    total = tree.root.item()
+    total = tree.total.item()
     mass = rng.uniform(0, total, size=20000)
     found = tree.find_prefix(torch.as_tensor(mass, device=device)).cpu().numpy()
     expected = np.searchsorted(cumsum, mass, side="right")
@@ -198,16 +244,16 @@ def test_find_prefix_at_or_past_the_total_lands_at_or_after_the_last_positive_le
     item."""
     capacity, filled = 1000, 617
     rng = np.random.default_rng(5)
-    tree = make_tree(capacity, "sum", device, shape)
+    tree = make_tree(capacity, device, shape)
     leaves = np.zeros(capacity)
     leaves[:filled] = rng.exponential(size=filled) * 10.0 ** rng.uniform(-3, 3, size=filled)
     leaves[filled - 1] = 1.0  # far above the rounding error of the total
     tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves, device=device))
-    total = tree.root.item()
+    total = tree.total.item()
     mass = np.array([total, np.nextafter(total, 0.0), np.nextafter(total, np.inf), total * (1 + 1e-12)])
     found = tree.find_prefix(torch.as_tensor(mass, device=device)).cpu().numpy()
     assert (found >= filled - 1).all()
-    assert (found < len(tree.levels[0])).all()
+    assert (found < tree.leaves.numel()).all()
 
 
 def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
@@ -217,8 +263,8 @@ def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
     of its children exactly. (About 1 s on two CPU cores.)"""
     capacity = 1 << 20
     rng = np.random.default_rng(0)
-    tree = SegmentTree(capacity, "sum", device)
-    assert len(tree.levels) == 3
+    tree = SegmentTree(capacity, device)
+    assert len(tree.levels) == 1
     writes = 0
     for _ in range(1000):
         slots = np.unique(rng.integers(0, capacity, size=1000))
@@ -226,16 +272,16 @@ def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
         tree.update(torch.as_tensor(slots, device=device), torch.as_tensor(values, device=device))
         writes += slots.size
     assert writes > 990_000
-    leaves = tree.levels[0].cpu().numpy()
-    assert tree.root.item() == pytest.approx(math.fsum(leaves.tolist()), rel=1e-9, abs=0)
+    leaves = tree.leaves.cpu().numpy()
+    assert tree.total.item() == pytest.approx(math.fsum(leaves.tolist()), rel=1e-9, abs=0)
     assert_tree_exact(tree)
 
 
 def test_bad_segment_tree_arguments():
-    with pytest.raises(ValueError, match="op must be 'sum' or 'min'"):
-        SegmentTree(4, "max")
     with pytest.raises(ValueError, match="arity must be >= 2"):
-        SegmentTree(4, "sum", arity=1)
+        SegmentTree(4, arity=1)
+    with pytest.raises(ValueError, match="top >= 1"):
+        SegmentTree(4, top=0)
 
 
 # ---- priorities --------------------------------------------------------------------------------
@@ -269,15 +315,17 @@ class Reference:
         return self.stored[: min(self.written, self.capacity)]
 
 
-def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrites(device, tree_shape):
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
+def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrites(device, tree_shape, validation):
     """~150 rounds of extends and update_priority calls; indices drawn with replacement (so one
     call names the same index several times, and the last value must win) from a range that
     includes overwritten items (which must be ignored). Seed 2; leaves compared to 1e-13
-    relative (torch's and numpy's pow may differ in the last bit), the trees exactly."""
+    relative (torch's and numpy's pow may differ in the last bit), the trees exactly. Both
+    validation modes (stale indices are not errors in either)."""
     rng = np.random.default_rng(2)
     capacity, alpha, eps = 1000, 0.6, 1e-3
-    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, eps=eps, device=device, seed=0)
-    assert len(prb.sum_tree.levels) == {(32, 4096): 1, (32, 64): 2, (3, 4): 7}[tree_shape]
+    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, eps=eps, device=device, seed=0, validation=validation)
+    assert len(prb.tree.levels) == {(32, 32768): 1, (32, 16): 2, (3, 4): 6}[tree_shape]
     ref = Reference(capacity, alpha, eps)
     duplicates = stale = 0
     for _ in range(150):
@@ -298,12 +346,11 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
         size = len(prb)
         np.testing.assert_allclose(leaves_of(prb)[:size], ref.live, rtol=1e-13, atol=0)
         assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
-        assert_tree_exact(prb.sum_tree)
-        assert_tree_exact(prb.min_tree)
-        min_leaves = prb.min_tree.levels[0][:capacity].cpu().numpy()
-        assert np.array_equal(min_leaves[:size], leaves_of(prb)[:size])
-        assert np.isinf(min_leaves[size:]).all() and (leaves_of(prb)[size:] == 0).all()
+        assert_tree_exact(prb.tree)
+        assert (leaves_of(prb)[size:] == 0).all()
+        assert prb.tree.minimum.item() == ref.live.min()
     assert prb.written > capacity and duplicates > 1000 and stale > 100
+    prb.check()  # nothing was rejected
 
 
 def test_new_items_get_the_largest_priority_stored_so_far(device):
@@ -334,8 +381,7 @@ def test_new_items_get_the_largest_priority_stored_so_far(device):
     fill(prb, 2, start=5)  # slots 1 and 2
     assert leaves_of(prb)[1] == leaves_of(prb)[2] == pytest.approx(big, rel=1e-14)
     assert prb.max_priority.item() == leaves_of(prb)[1]
-    assert_tree_exact(prb.sum_tree)
-    assert_tree_exact(prb.min_tree)
+    assert_tree_exact(prb.tree)
 
 
 def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
@@ -356,17 +402,17 @@ def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
     expected = np.ones(8)
     expected[6], expected[12 % 8] = (2.0 + 1e-6) ** 0.6, (3.0 + 1e-6) ** 0.6
     np.testing.assert_allclose(leaves, expected, rtol=1e-14)
-    assert_tree_exact(prb.sum_tree)
-    assert_tree_exact(prb.min_tree)
+    assert_tree_exact(prb.tree)
 
 
 # ---- sampling ----------------------------------------------------------------------------------
 
 
-def prioritized(device, capacity, written, alpha=0.6, beta=0.4, seed=0, eps=1e-2):
+def prioritized(device, capacity, written, alpha=0.6, beta=0.4, seed=0, eps=1e-2, validation=None):
     """A buffer with `written` items whose live ones have random priorities; and its Reference."""
     rng = np.random.default_rng(seed)
-    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, device=device, seed=seed)
+    prb = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, device=device, seed=seed,
+                                  validation=validation)
     ref = Reference(capacity, alpha, eps)
     fill(prb, written, chunk=min(17, capacity))
     ref.extend(written)
@@ -438,8 +484,9 @@ def test_a_draw_past_the_last_item_is_clamped_onto_it(device, monkeypatch):
     """The guard in sample: should rounding carry a draw into the zero leaves after the last item
     (forced here), the draw becomes the last item, with its own weight."""
     prb, ref = prioritized(device, capacity=100, written=60, beta=1.0)
-    padding = len(prb.sum_tree.levels[0]) - 1
-    monkeypatch.setattr(prb.sum_tree, "find_prefix", lambda mass: torch.full_like(mass, padding, dtype=torch.int64))
+    padding = prb.tree.leaves.numel() - 1
+    monkeypatch.setattr(prb.tree, "find_prefix",
+                        lambda mass, relative=False: torch.full_like(mass, padding, dtype=torch.int64))
     batch = prb.sample(8)
     assert batch["index"].tolist() == [59] * 8
     expected = ref.live.min() / ref.live[59]  # beta = 1
@@ -559,7 +606,7 @@ NAN, INF = float("nan"), float("inf")
          "never-written", "float-index", "bool-index"],
 )
 def test_bad_priority_updates_raise_and_change_nothing(device, snapshot, index, priority, match):
-    prb, _ = prioritized(device, capacity=20, written=30)
+    prb, _ = prioritized(device, capacity=20, written=30, validation="immediate")
     before = snapshot(prb)
     with pytest.raises(ValueError, match=match):
         prb.update_priority(torch.tensor(index, device=device), torch.tensor(priority, device=device))
@@ -567,7 +614,7 @@ def test_bad_priority_updates_raise_and_change_nothing(device, snapshot, index, 
 
 
 def test_updating_an_empty_buffer_raises(device, snapshot):
-    prb = PrioritizedReplayBuffer(4, device=device)
+    prb = PrioritizedReplayBuffer(4, device=device, validation="immediate")
     before = snapshot(prb)
     with pytest.raises(ValueError, match=r"never written \(only 0 items"):
         prb.update_priority(torch.tensor([0]), torch.tensor([1.0]))
@@ -601,3 +648,188 @@ def test_bad_beta_through_the_setter_changes_nothing(device, snapshot, beta):
         prb.beta = beta
     assert snapshot(prb) == before
     assert prb.beta == 0.4
+
+
+# ---- deferred validation: no host reads, and capture --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_index, bad_priority, reason",
+    [
+        (14, NAN, "1 with NaN or inf priorities"),
+        (14, INF, "1 with NaN or inf priorities"),
+        (14, -0.5, "1 with negative priorities"),
+        (-6, 0.5, "1 with negative indices"),  # its slot, 14, holds live item 14
+        (34, 0.5, "1 with indices never written"),  # its slot, 14, holds live item 14
+    ],
+    ids=["nan", "inf", "negative", "negative-index", "never-written"],
+)
+def test_deferred_validation_drops_bad_entries_applies_the_rest_and_reports_once(
+    device, bad_index, bad_priority, reason
+):
+    """validation="deferred": no raise during the call; the bad entry never reaches the tree (its
+    slot keeps its priority), the valid entries of the same call are applied; check() then
+    raises once, naming the reason and the count, and the next check() passes."""
+    prb, ref = prioritized(device, capacity=20, written=30, validation="deferred")
+    before = leaves_of(prb).copy()
+    prb.update_priority(torch.tensor([12, bad_index, 25], device=device),
+                        torch.tensor([2.0, bad_priority, 3.0], device=device))
+    ref.update([12, 25], [2.0, 3.0])
+    leaves = leaves_of(prb)
+    np.testing.assert_allclose(leaves, ref.stored, rtol=1e-13, atol=0)
+    assert leaves[14] == before[14]
+    assert_tree_exact(prb.tree)
+    assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
+    with pytest.raises(ValueError, match=reason):
+        prb.check()
+    prb.check()  # reported once
+
+
+def test_deferred_validation_last_valid_copy_wins(device):
+    """Among copies of one index, the last valid one wins; a later bad copy is dropped."""
+    prb, ref = prioritized(device, capacity=20, written=30, validation="deferred")
+    prb.update_priority(torch.tensor([12, 12, 12, 13], device=device),
+                        torch.tensor([1.0, 2.0, NAN, -1.0], device=device, dtype=torch.float64))
+    ref.update([12], [2.0])
+    np.testing.assert_allclose(leaves_of(prb), ref.stored, rtol=1e-13, atol=0)
+    with pytest.raises(ValueError, match="1 with NaN or inf priorities, 1 with negative priorities"):
+        prb.check()
+
+
+def test_deferred_validation_reads_its_counts_every_check_interval_calls(device, monkeypatch):
+    monkeypatch.setattr(PrioritizedReplayBuffer, "check_interval", 5)
+    prb = PrioritizedReplayBuffer(20, device=device, validation="deferred")
+    fill(prb, 30, chunk=10)
+    good = torch.tensor([20, 21], device=device), torch.tensor([1.0, 2.0], device=device)
+    prb.update_priority(*good)
+    prb.update_priority(torch.tensor([20], device=device), torch.tensor([NAN], device=device))
+    for _ in range(2):
+        prb.update_priority(*good)
+    with pytest.raises(ValueError, match="1 with NaN or inf priorities"):
+        prb.update_priority(*good)  # the 5th call
+    for _ in range(5):
+        prb.update_priority(*good)  # reported once
+
+
+def test_state_dict_refuses_while_bad_entries_are_unreported(device):
+    prb, _ = prioritized(device, capacity=20, written=30, validation="deferred")
+    prb.update_priority(torch.tensor([31], device=device), torch.tensor([0.5], device=device))  # never written
+    with pytest.raises(ValueError, match="1 with indices never written"):
+        prb.state_dict()
+    assert prb.state_dict()["written"] == 30
+
+
+class NoHostReads(torch.overrides.TorchFunctionMode):
+    """Raise on any call that reads a tensor's value back to the host (a sync on a GPU)."""
+
+    READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "__repr__",
+             "__format__"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            raise AssertionError(f"host read: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_deferred_mode_reads_nothing_back_from_the_device(device, monkeypatch, tree_shape):
+    """With validation="deferred", extend, sample, update_priority (with bad and stale entries
+    too) and beta changes make no call that reads a tensor's value on the host; check() does."""
+    monkeypatch.setattr(PrioritizedReplayBuffer, "check_interval", 10**9)
+    prb = PrioritizedReplayBuffer(300, device=device, seed=0, validation="deferred")
+    with NoHostReads():
+        for step in range(40):
+            prb.extend(items(torch.arange(step * 16, (step + 1) * 16)).to(device))
+            batch = prb.sample(32)
+            index = batch["index"]
+            if step % 5 == 0:  # a stale index and a NaN
+                index = torch.cat([index, torch.zeros(1, dtype=torch.int64, device=device)])
+                priority = torch.cat([batch["weight"], torch.full((1,), NAN, device=device)])
+            else:
+                priority = batch["weight"] * 2
+            prb.update_priority(index, priority)
+            prb.beta = 0.4 + step / 100
+        with pytest.raises(AssertionError, match="host read"):
+            prb.check()
+    with pytest.raises(ValueError, match="8 with NaN or inf priorities"):
+        prb.check()
+    assert_tree_exact(prb.tree)
+
+
+def _sample_and_update(prb: PrioritizedReplayBuffer, td_error: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = prb.sample(td_error.numel())
+    prb.update_priority(batch["index"], td_error.abs())
+    return batch["index"], batch["weight"]
+
+
+def _trace_of_steps(prb, step, errors) -> list:
+    """Run `step` on each error vector, extending and changing beta between calls; everything it
+    returned and the buffer's state after each call."""
+    out = []
+    for k, error in enumerate(errors):
+        out.append((*step(prb, error), prb.tree.leaves.clone(), *(level.clone() for level in prb.tree.levels),
+                    prb.max_priority.clone(), prb._rejected.clone()))
+        prb.extend(items(torch.arange(prb.written, prb.written + 3)))
+        prb.beta = 0.4 + 0.05 * k
+    return out
+
+
+@pytest.mark.slow
+def test_torch_compile_of_sample_and_update_equals_eager_bit_for_bit(monkeypatch):
+    """torch.compile (inductor, CPU) of sample + update_priority in deferred mode gives the same
+    indices, weights, leaves, tree levels, max priority and error counts as eager code, bit for
+    bit, over 8 calls with extends, beta changes and a NaN between them; after its first calls it
+    never recompiles (the write count and beta are device tensors, not guarded Python numbers).
+    Compiling takes 15-60 s on two CPU cores."""
+    import torch._dynamo
+
+    monkeypatch.setattr(PrioritizedReplayBuffer, "tree_top", 64)  # 2 levels above the leaves
+    torch._dynamo.reset()
+    errors = [torch.randn(32, generator=torch.Generator().manual_seed(k), dtype=torch.float64) for k in range(8)]
+    errors[5][3] = NAN
+    buffers = []
+    for _ in range(2):
+        prb = PrioritizedReplayBuffer(3000, device="cpu", seed=0, validation="deferred")
+        fill(prb, 2500)
+        _sample_and_update(prb, errors[0])  # first call: sets up the scratch
+        buffers.append(prb)
+    compiled = torch.compile(_sample_and_update)
+    expected = _trace_of_steps(buffers[0], _sample_and_update, errors[:2])
+    got = _trace_of_steps(buffers[1], compiled, errors[:2])  # compiles (maybe twice)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        expected += _trace_of_steps(buffers[0], _sample_and_update, errors[2:])
+        got += _trace_of_steps(buffers[1], compiled, errors[2:])
+    for k, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"call {k} differs"
+    assert expected[-1][-1].tolist() == [1, 0, 0, 0]  # the NaN was counted, in both
+    assert len(expected[0][2]) == 3000 + 72  # leaves padded to a whole row of the top
+
+
+def test_gpu_tree_benchmark_runs_on_the_cpu(capsys):
+    """benchmarks/gpu_tree.py on the CPU, small: times eager steps and skips the graph modes."""
+    from benchmarks import gpu_tree
+
+    result = gpu_tree.main(["--device", "cpu", "--capacity", "4096", "--repeats", "20", "--modes", "eager,graph"])
+    assert list(result["results"]) == ["eager"]
+    assert result["results"]["eager"]["ms_per_step"] > 0
+    assert "graph            skipped: needs CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_gpu_tree_benchmark_compiles_on_the_cpu(tmp_path):
+    """Its default modes on the CPU (eager and compile; the graph modes skipped), writing JSON. 20-60 s."""
+    from benchmarks import gpu_tree
+
+    out = tmp_path / "gpu_tree.json"
+    gpu_tree.main(["--device", "cpu", "--capacity", "4096", "--repeats", "20", "--out", str(out)])
+    assert set(json.loads(out.read_text())["results"]) == {"eager", "compile"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_of_sample_and_update_equals_eager_steps():
+    """sample + update captured once in a CUDA graph and replayed leave the tree that the same
+    number of eager steps leave, bit for bit (same kernels; the generator advances per replay)."""
+    from benchmarks import gpu_tree
+
+    td_error = torch.rand(256, generator=torch.Generator().manual_seed(0)).cuda()
+    assert gpu_tree.graph_matches_eager(1 << 16, torch.device("cuda"), td_error)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
@@ -304,3 +306,90 @@ def test_len_and_repr(buffer_cls, device):
     assert len(buf) == 5
     text = repr(buf)
     assert f"{buffer_cls.__name__}(len=5, capacity=5" in text and "'action'" in text
+
+
+# ---- slices (TD(lambda) over short trajectories) -------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cls=st.sampled_from([ReplayBuffer, PrioritizedReplayBuffer]),
+    capacity=st.integers(1, 40),
+    written=st.integers(1, 130),
+    chunk=st.integers(1, 40),
+    length=st.integers(1, 6),
+    stride=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_slices_match_a_brute_force_reference(cls, capacity, written, chunk, length, stride, seed):
+    """Against an enumeration of the valid starts (every item of the slice still stored), over
+    capacities, write counts (wrap-around included), extend sizes, lengths and strides: each
+    slice is start + stride * [0, length), the start is valid, every field is what was written
+    at those indices, and enough draws reach every valid start (a miss has probability < e^-40);
+    with no valid start the call raises and changes nothing."""
+    buf = cls(capacity, seed=seed)
+    for start in range(0, written, min(chunk, capacity)):
+        buf.extend(items(torch.arange(start, min(start + min(chunk, capacity), written))))
+    span = (length - 1) * stride
+    valid = [i for i in range(written - len(buf), written) if i + span < written]
+    if not valid:
+        generator_state = buf.generator.get_state()
+        with pytest.raises(ValueError, match=f"spans {span + 1} items; the buffer holds {len(buf)}"):
+            buf.sample_slices(4, length, stride)
+        assert torch.equal(buf.generator.get_state(), generator_state)
+        return
+    draws = 40 * len(valid) + 10
+    batch = buf.sample_slices(draws, length, stride)
+    assert batch.batch_size == torch.Size([draws, length])
+    index = batch["index"]
+    assert index.dtype == torch.int64
+    assert torch.equal(index, index[:, :1] + stride * torch.arange(length))
+    assert set(index[:, 0].tolist()) == set(valid)
+    assert_items(batch.reshape(-1), index.reshape(-1))
+
+
+@pytest.mark.parametrize("buffer_cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+def test_slices_of_a_vector_env_are_one_env_s_consecutive_steps(buffer_cls, device):
+    """E = 3 envs writing one transition each per step: stride 3 keeps to one env, in step order."""
+    num_envs, steps = 3, 30
+    buf = buffer_cls(64, device=device, seed=0)
+    for t in range(steps):
+        env = torch.arange(num_envs)
+        buf.extend(TensorDict({"env": env, "step": torch.full((num_envs,), t)}, batch_size=[num_envs]).to(device))
+    batch = buf.sample_slices(200, 4, stride=num_envs)
+    assert batch.device.type == device.type
+    assert bool((batch["env"] == batch["env"][:, :1]).all())
+    assert torch.equal(batch["step"] - batch["step"][:, :1], torch.arange(4, device=device).expand(200, 4))
+
+
+def test_slice_starts_are_uniform_chi_square(device, chi_square):
+    """Counts of the starts over 40,000 draws fit the uniform distribution over the valid starts.
+    Seed 5; capacity 32 after wrap-around, slices of 3 items 4 apart: 24 valid starts. Pearson
+    chi-square at significance 1e-3 (Wilson–Hilferty critical value)."""
+    buf = ReplayBuffer(32, device=device, seed=5)
+    fill(buf, 77)
+    starts = torch.cat([buf.sample_slices(1000, 3, 4)["index"][:, 0] for _ in range(40)]).cpu()
+    assert int(starts.min()) == 77 - 32 and int(starts.max()) == 76 - 8
+    stat, critical = chi_square(torch.bincount(starts - 45, minlength=24).numpy(), np.ones(24))
+    assert stat < critical, (stat, critical)
+
+
+def test_slices_same_seed_same_draws(device):
+    a, b = (ReplayBuffer(20, device=device, seed=9) for _ in range(2))
+    for buf in (a, b):
+        fill(buf, 33)
+    assert (a.sample_slices(16, 3, 2) == b.sample_slices(16, 3, 2)).all()
+
+
+@pytest.mark.parametrize(
+    "batch_size, length, stride, match",
+    [(0, 2, 1, "batch_size must be positive"), (4, 0, 1, "length and stride must be positive"),
+     (4, 2, 0, "length and stride must be positive"), (4, 4, 3, "spans 10 items; the buffer holds 9")],
+)
+def test_bad_slice_requests_raise(device, batch_size, length, stride, match):
+    buf = ReplayBuffer(12, device=device, seed=0)
+    with pytest.raises(RuntimeError, match="empty buffer"):
+        buf.sample_slices(4, 2, 1)
+    fill(buf, 9)
+    with pytest.raises(ValueError, match=match):
+        buf.sample_slices(batch_size, length, stride)
