@@ -10,10 +10,14 @@
 
     nstep = NStepReturns(n=3, gamma=0.99, num_envs=8)
     rb.extend(nstep.push(step))         # step: TensorDict [8] of one vector-env step
+
+    rb = ReplayBuffer(capacity, frame_stack=4)   # Atari: each frame of the obs stacks stored once
+    rb.extend(nstep.push(rb.add_frames(step)))   # add_frames: stacks -> positions; sample gives stacks
 """
 
+from .frames import FrameStore
 from .nstep import NStepReturns
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
 
-__all__ = ["NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]
+__all__ = ["FrameStore", "NStepReturns", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree"]

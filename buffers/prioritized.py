@@ -10,6 +10,9 @@ Invariants kept here (tests/test_prioritized.py checks each):
   with the minimum over the whole buffer (a min tree keeps it), so weights lie in (0, 1].
 - A priority update for an index whose slot was overwritten since is ignored; when one update
   names an index twice, the last value wins. Bad input raises before anything changes.
+- Frame mode (frame_stack > 0): a transition whose frames were overwritten (see buffers/frames.py)
+  gets stored priority 0 in the sum tree and inf in the min tree, and keeps them through priority
+  updates, so P(i) and the largest weight are exact over the sampleable transitions.
 
 Why wide trees: on small observations the cost of PER is the number of tiny tensor ops, not
 the bytes they touch. A binary tree over 1M leaves takes 20 levels of ops per update and per
@@ -131,8 +134,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps: float = 1e-6,
         device: str | torch.device = "cpu",
         seed: int | None = None,
+        frame_stack: int = 0,
     ):
-        super().__init__(capacity, device, seed)
+        super().__init__(capacity, device, seed, frame_stack)
         if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not eps > 0:
@@ -144,7 +148,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.beta = beta
         # Leaves of both trees are the stored priorities; an unwritten slot holds 0 in the sum
         # tree and inf in the min tree. Stored priorities are >= eps ** alpha > 0, so the sum
-        # tree's zero leaves are exactly the slots >= len(self), all after the last item.
+        # tree's zero leaves are exactly the slots >= len(self), all after the last item, and
+        # in frame mode the dropped transitions (_on_drop).
         self.sum_tree = SegmentTree(self.capacity, "sum", self.device, self.tree_arity, self.tree_top)
         self.min_tree = SegmentTree(self.capacity, "min", self.device, self.tree_arity, self.tree_top)
         # A tensor, not a float, so that writing and updating never wait for the GPU.
@@ -165,6 +170,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.sum_tree.update(slots, priority)
         self.min_tree.update(slots, priority)
 
+    def _on_drop(self, slots: torch.Tensor) -> None:
+        self.sum_tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
+        self.min_tree.update(slots, torch.full(slots.shape, math.inf, dtype=torch.float64, device=self.device))
+
     def sample(self, batch_size: int) -> TensorDict:
         """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
         self._check_sample(batch_size)
@@ -174,8 +183,35 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         mass.mul_(self.sum_tree.root / batch_size)
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = self.sum_tree.find_prefix(mass).clamp_(max=len(self) - 1)
+        if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
+            slots = self._redraw_dropped(slots)
         weight = (self.sum_tree.leaves(slots) / self.min_tree.root).pow_(-self.beta)
         return self._gather(slots, weight=weight.float())
+
+    def _redraw_dropped(self, slots: torch.Tensor) -> torch.Tensor:
+        """Frame mode: replace draws that landed on a dropped transition (priority 0).
+
+        The descent only does so by rounding at a boundary next to a zero leaf, or through the
+        clamp in `sample` when the last item was dropped. Such a draw is redrawn over the whole
+        mass; a draw that still fails after a few rounds descends over the positive leaves alone.
+        """
+        total = self.sum_tree.root
+        if not bool(total > 0):
+            raise RuntimeError("no transition can be sampled: the frames of every stored one were overwritten")
+        for _ in range(4):
+            bad = self.sum_tree.leaves(slots) == 0
+            if not bool(bad.any()):
+                return slots
+            mass = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
+            fresh = self.sum_tree.find_prefix(mass.mul_(total)).clamp_(max=len(self) - 1)
+            slots = torch.where(bad, fresh, slots)
+        bad = self.sum_tree.leaves(slots) == 0
+        leaves = self.sum_tree.levels[0][: len(self)]
+        positive = (leaves > 0).nonzero().flatten()
+        upper = leaves.index_select(0, positive).cumsum(0)
+        mass = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
+        pick = torch.searchsorted(upper, mass.mul_(upper[-1]), right=True).clamp_(max=positive.numel() - 1)
+        return torch.where(bad, positive.index_select(0, pick), slots)
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Set the priorities of sampled items from their raw |TD error| (one per index).
@@ -218,8 +254,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         last = torch.searchsorted(slots, slots, right=True).sub_(1)  # last copy of each slot, in sorted order
         value = priority.index_select(0, order.index_select(0, last))
         stored = value.add_(self.eps).pow_(self.alpha)  # (|p| + eps) ** alpha, as p >= 0
+        low = stored  # the min tree's leaves
+        if self.frame_store is not None and self.frame_store.may_hold_dropped(first_live):
+            kept = self.sum_tree.leaves(slots) > 0  # a dropped transition keeps priority 0
+            stored, low = torch.where(kept, stored, 0.0), torch.where(kept, stored, math.inf)
         self.sum_tree.update(slots, stored)
-        self.min_tree.update(slots, stored)
+        self.min_tree.update(slots, low)
         self.max_priority = torch.maximum(self.max_priority, stored.amax())
 
     def state_dict(self) -> dict:
@@ -233,12 +273,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         )
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict, copy: bool = True) -> None:
+        super().load_state_dict(state, copy)
         self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
         priority = state["priority"].to(self.device, torch.float64)
         # The trees are a function of their leaves (no drift), so rebuilding them restores them exactly.
         self.sum_tree.assign(priority)
-        written = torch.arange(self.capacity, device=self.device) < len(self)
-        self.min_tree.assign(torch.where(written, priority, math.inf))
+        # Stored priorities are > 0; 0 marks a slot never written or a dropped transition.
+        self.min_tree.assign(torch.where(priority > 0, priority, math.inf))
         self.max_priority = state["max_priority"].to(self.device, torch.float64).clone()
