@@ -369,17 +369,45 @@ def test_prioritized_sampling_is_proportional_over_the_sampleable_transitions(de
 
 
 def test_a_transition_dropped_after_it_was_sampled_keeps_priority_zero(device):
+    """Priorities that grow with the index, so the oldest transitions, which lose their frames first,
+    hold the smallest: once they are dropped, their leaves must read 0 (sum) and inf (min), the
+    minimum must come from the sampleable ones, and a later update must not bring them back."""
     run = short_episode_run(True, device, seed=5)
     prb = run.rb
+    live = torch.tensor(run.live())
+    prb.update_priority(live.to(device), (live - live[0] + 1).double().to(device))
     batch = prb.sample(200)
     run.run(6)  # more frames: some sampled transitions lose theirs
     index = batch["index"]
     gone = [i for i in index.cpu().tolist() if i >= prb.written - prb.capacity and i not in run.sampleable()]
     assert gone
-    prb.update_priority(index, torch.full((index.numel(),), 5.0, device=device))
-    leaves = prb.sum_tree.levels[0].cpu().numpy()
-    assert all(leaves[i % prb.capacity] == 0.0 for i in gone)
+    for _ in range(2):
+        leaves = prb.sum_tree.levels[0].cpu().numpy()
+        low = prb.min_tree.levels[0].cpu().numpy()
+        assert all(leaves[i % prb.capacity] == 0.0 and low[i % prb.capacity] == math.inf for i in gone)
+        sampleable = [i % prb.capacity for i in run.sampleable()]
+        assert prb.min_tree.root.item() == leaves[sampleable].min() > 0
+        prb.update_priority(index, torch.full((index.numel(),), 5.0, device=device))
     assert set(run.check_sample(prb.sample(2000))) == run.sampleable()
+
+
+def test_a_transition_whose_frames_went_while_it_waited_for_its_n_step_window_is_never_sampled(device):
+    """n = 20 with 1 env and capacity 30 (a ring of 47 frames), where most next_obs are not shifts
+    (k = 4 frames a step): a window's first obs is overwritten before the window closes, so
+    transitions arrive in extend already dropped."""
+    for prioritized in (False, True):
+        rb = make_buffer(prioritized, 30, device)
+        run = Run(rb, num_envs=1, k=4, n=20, seed=2, max_len=40, p_jump=0.8)
+        arrived_dropped = 0
+        for _ in range(120):
+            before = rb.written
+            run.step()
+            length = rb.frame_store.frames_per_env
+            new = range(max(before, rb.written - rb.capacity), rb.written)
+            arrived_dropped += sum(run.first[i][1] < run.model.count[0] - length for i in new)
+            if run.sampleable():
+                assert set(run.check_sample(rb.sample(200))) == run.sampleable()
+        assert arrived_dropped > 5
 
 
 def test_a_draw_that_lands_on_a_dropped_transition_is_redrawn(device, monkeypatch):
