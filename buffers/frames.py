@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -96,6 +97,20 @@ def check_fits(nbytes: int, device: torch.device, what: str) -> None:
         )
 
 
+# ---- bytes ---------------------------------------------------------------------------------------
+
+WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def word_type(nbytes: int) -> torch.dtype:
+    """The widest integer type that tiles `nbytes` (84 x 84 = 7056 bytes: 882 int64 words).
+
+    Frames are copied and compared as such words: torch's uint8 index_copy_ and both libraries'
+    uint8 == run element by element, several times slower than on int64 words.
+    """
+    return next(word for word in WORDS if nbytes % word.itemsize == 0)
+
+
 # ---- the frame store ---------------------------------------------------------------------------
 
 
@@ -115,6 +130,7 @@ class FrameStore:
         self.num_envs = 0  # E, set by the first step
         self.frames_per_env = 0  # L
         self.frames: torch.Tensor | None = None  # [E * L, *frame_shape] on device
+        self._rows: torch.Tensor | None = None  # the same memory as [E * L, words per frame] (word_type)
         self.count: torch.Tensor | None = None  # int64 [E]: frames written per env
         self.count_on_device: torch.Tensor | None = None  # a copy of count on device, for sampling
         self.owner: torch.Tensor | None = None  # int64 [E, L]: see the module docstring
@@ -144,42 +160,48 @@ class FrameStore:
         if self.frames is None:
             self._allocate(transitions, obs)
         k, num_envs, length = self.frame_stack, self.num_envs, self.frames_per_env
-        envs = torch.arange(num_envs)
-        started = self.count > 0
-        continues = started & (obs == self.last_next_obs).flatten(1).all(1)
-        shifted = (next_obs[:, :-1] == obs[:, 1:]).flatten(1).all(1)
-        start = self.count  # the frame number of each env's first new frame
-        obs_written = torch.where(continues, 0, k)
-        next_start = start + obs_written
-        next_written = torch.where(shifted, 1, k)
-        obs_last = torch.where(continues, start - 1, start + k - 1)
-        next_last = next_start + next_written - 1
-
-        if bool(continues.all()) and bool(shifted.all()):  # the usual step: one new frame per env
-            rows, frame = next_obs[:, -1], next_start
+        # Bookkeeping in numpy, on views of the CPU tensors as [E, k, words per frame]: a few
+        # small ops per step (torch would take dozens of calls at several microseconds each).
+        o, n, last = self._words(obs), self._words(next_obs), self._words(self.last_next_obs)
+        count = self.count.numpy()  # each env's next frame number
+        continues = (count > 0) & (o == last).all(axis=(1, 2))
+        shifted = (n[:, :-1] == o[:, 1:]).all(axis=(1, 2))
+        next_start = np.where(continues, count, count + k)  # first frame of next_obs's new frames
+        next_last = np.where(shifted, next_start, next_start + k - 1)
+        obs_last = next_start - 1
+        envs = np.arange(num_envs)
+        if continues.all() and shifted.all():  # the usual step: one new frame per env
+            rows, frame = n[:, -1], next_start
         else:
-            steps = torch.arange(k)
+            steps = np.arange(k)
             new_obs, full_next = ~continues, ~shifted
-            rows = torch.cat([obs[new_obs].flatten(0, 1), next_obs[shifted, -1], next_obs[full_next].flatten(0, 1)])
-            frame = torch.cat([(start[new_obs, None] + steps).flatten(), next_start[shifted],
-                               (next_start[full_next, None] + steps).flatten()])
-            envs = torch.cat([envs[new_obs].repeat_interleave(k), envs[shifted], envs[full_next].repeat_interleave(k)])
+            rows = np.concatenate([o[new_obs].reshape(-1, o.shape[2]), n[shifted, -1],
+                                   n[full_next].reshape(-1, o.shape[2])])
+            frame = np.concatenate([(count[new_obs, None] + steps).ravel(), next_start[shifted],
+                                    (next_start[full_next, None] + steps).ravel()])
+            envs = np.concatenate([envs[new_obs].repeat(k), envs[shifted], envs[full_next].repeat(k)])
         dest = envs * length + frame % length  # distinct: an env writes at most 2k <= L frames a step
 
-        owners = self.owner.view(-1)[dest]
-        dropped = owners[owners >= max(first_live, 0)]  # -1: no owner
-        self.owner.view(-1)[dest] = -1
-        self.frames.index_copy_(0, dest.to(self.device), rows.to(self.device))
-        self.count = next_last + 1
+        owner = self.owner.numpy().reshape(-1)
+        owners = owner[dest]
+        dropped = torch.from_numpy(owners[owners >= max(first_live, 0)])  # -1: no owner
+        owner[dest] = -1
+        self._rows.index_copy_(0, torch.from_numpy(dest).to(self.device), torch.from_numpy(rows).to(self.device))
+        self.count = torch.from_numpy(next_last + 1)
         self.count_on_device = self.count.to(self.device)
-        self.last_next_obs.copy_(next_obs)
+        np.copyto(last, n)
         if dropped.numel():
             self.last_dropped = max(self.last_dropped, int(dropped.max()))
 
         step = transitions.exclude(*POSITION_KEYS)
-        step.set("obs", (obs_last * num_envs + torch.arange(num_envs)).to(transitions.device))
-        step.set("next_obs", (next_last * num_envs + torch.arange(num_envs)).to(transitions.device))
+        step.set("obs", torch.from_numpy(obs_last * num_envs + np.arange(num_envs)).to(transitions.device))
+        step.set("next_obs", torch.from_numpy(next_last * num_envs + np.arange(num_envs)).to(transitions.device))
         return step, dropped
+
+    def _words(self, stacks: torch.Tensor) -> np.ndarray:
+        """CPU stacks [E, k, *frame_shape] as a numpy [E, k, words per frame] (a view when contiguous)."""
+        array = stacks.numpy().reshape(*stacks.shape[:2], -1)
+        return array.view(np.uint8).view(str(self._rows.dtype).removeprefix("torch."))
 
     def _check_step(self, transitions: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [key for key in POSITION_KEYS if key not in transitions.keys()]  # noqa: SIM118 (TensorDict)
@@ -217,15 +239,23 @@ class FrameStore:
         self.num_envs, self.frames_per_env = num_envs, length
         # torch.empty leaves pages untouched until written, so the store costs memory as it fills.
         self.frames = torch.empty((num_envs * length, *frame_shape), dtype=obs.dtype, device=self.device)
+        self._rows = self._rows_of(self.frames)
         self.count = torch.zeros(num_envs, dtype=torch.int64)
         self.count_on_device = self.count.to(self.device)
         self.owner = torch.full((num_envs, length), -1, dtype=torch.int64)
         self.last_next_obs = torch.empty_like(obs)
 
+    @staticmethod
+    def _rows_of(frames: torch.Tensor) -> torch.Tensor:
+        """The frames [N, *frame_shape] as [N, words per frame] (word_type), the same memory."""
+        rows = frames.view(len(frames), -1).view(torch.uint8)
+        return rows.view(word_type(rows.shape[1]))
+
     # ---- the buffer's side: storing positions ------------------------------------------------------
 
-    def check_positions(self, data: TensorDict, first_live: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(obs, next_obs) positions of a batch for extend, on the CPU; raise if they cannot be ours.
+    def check_positions(self, data: TensorDict, first_live: int) -> tuple[np.ndarray, ...]:
+        """Raise unless a batch for extend holds positions this store gave out and that are not stored
+        yet; return what `register` needs: (obs, next_obs, env, first frame, whether it is stored).
 
         `first_live` is the first index still stored once the batch is written.
         """
@@ -239,46 +269,45 @@ class FrameStore:
                 f"the int64 positions that add_frames returns, got {shapes}. "
                 "Call rb.add_frames(transitions) on each vector-env step first and extend with what it returns."
             )
-        obs, next_obs = given["obs"].cpu(), given["next_obs"].cpu()
-        if obs.numel() == 0:
-            return obs, next_obs
+        obs, next_obs = given["obs"].cpu().numpy(), given["next_obs"].cpu().numpy()
+        if obs.size == 0:
+            return obs, next_obs, obs, obs, obs.astype(bool)
         if self.frames is None:
             raise ValueError("positions given before any add_frames: call rb.add_frames(transitions) first")
-        num_envs = self.num_envs
-        env = obs % num_envs
-        ok = (obs >= 0) & (next_obs % num_envs == env) & (next_obs > obs) & (next_obs // num_envs < self.count[env])
-        if not bool(ok.all()):
+        num_envs, count = self.num_envs, self.count.numpy()
+        env, last = obs % num_envs, obs // num_envs
+        ok = (obs >= 0) & (next_obs % num_envs == env) & (next_obs > obs) & (next_obs // num_envs < count[env])
+        if not ok.all():
             raise ValueError(f"positions this buffer's add_frames never returned: obs {obs[~ok].tolist()[:8]}, "
                              f"next_obs {next_obs[~ok].tolist()[:8]}")
-        first = obs // num_envs - (self.frame_stack - 1)
-        slot = first % self.frames_per_env
-        held = self.owner[env, slot]
-        repeated = (held >= max(first_live, 0)) & (first >= self.count[env] - self.frames_per_env)
-        if bool(repeated.any()) or torch.unique(obs).numel() != obs.numel():
+        first = last - (self.frame_stack - 1)
+        stored = first >= count[env] - self.frames_per_env  # else dropped while it waited to be stored
+        held = self.owner.numpy()[env, first % self.frames_per_env]
+        repeated = (held >= max(first_live, 0)) & stored
+        if repeated.any() or np.unique(obs).size != obs.size:
             raise ValueError(
                 "obs positions already stored in this buffer (each add_frames step may be stored once while it "
                 f"is live): {obs[repeated].tolist()[:8] or 'repeated within the batch'}"
             )
-        return obs, next_obs
+        return obs, next_obs, env, first, stored
 
-    def register(self, index: torch.Tensor, obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """Record the owners of newly stored transitions; return those already dropped (CPU indices).
+    def register(self, first_index: int, obs: np.ndarray, next_obs: np.ndarray, env: np.ndarray,
+                 first: np.ndarray, stored: np.ndarray) -> torch.Tensor:
+        """Record the owners of transitions first_index, first_index + 1, ... (the arrays come from
+        check_positions); return the indices of those that arrive already dropped.
 
         A transition is dropped on arrival when its obs frames were overwritten while it waited
         (in NStepReturns' window, say): possible only when L is small next to n.
         """
-        index = index.cpu()
-        env = obs % self.num_envs
-        first = obs // self.num_envs - (self.frame_stack - 1)
-        stored = first >= self.count[env] - self.frames_per_env
-        self.owner[env[stored], first[stored] % self.frames_per_env] = index[stored]
+        index = first_index + np.arange(obs.size)
+        self.owner.numpy()[env[stored], first[stored] % self.frames_per_env] = index[stored]
         irregular = next_obs - obs != self.num_envs  # next_obs is not obs shifted by one frame
-        if bool(irregular.any()):
+        if irregular.any():
             self.last_irregular = max(self.last_irregular, int(index[irregular].max()))
         dropped = index[~stored]
-        if dropped.numel():
+        if dropped.size:
             self.last_dropped = max(self.last_dropped, int(dropped.max()))
-        return dropped
+        return torch.from_numpy(dropped)
 
     # ---- the buffer's side: sampling --------------------------------------------------------------
 
@@ -336,8 +365,8 @@ class FrameStore:
         first = position // self.num_envs - (self.frame_stack - 1)
         frame = first.unsqueeze(-1) + torch.arange(length, device=position.device)
         rows = (env * self.frames_per_env).unsqueeze(-1) + frame.remainder_(self.frames_per_env)
-        out = torch.index_select(self.frames, 0, rows.view(-1))
-        return out.view(*rows.shape, *self.frames.shape[1:])
+        out = torch.index_select(self._rows, 0, rows.view(-1))
+        return out.view(self.frames.dtype).view(*rows.shape, *self.frames.shape[1:])
 
     # ---- checkpointing -----------------------------------------------------------------------------
 
@@ -363,7 +392,7 @@ class FrameStore:
             raise ValueError(f"state is for frame_stack {state['frame_stack']}, this buffer has {self.frame_stack}")
         self.num_envs, self.frames_per_env = int(state["num_envs"]), int(state["frames_per_env"])
         if state["frames"] is None:
-            self.frames = self.count = self.count_on_device = self.owner = self.last_next_obs = None
+            self.frames = self._rows = self.count = self.count_on_device = self.owner = self.last_next_obs = None
         else:
             expected = self.num_envs * self.frames_per_env
             if state["frames"].shape[0] != expected or tuple(state["owner"].shape) != (self.num_envs,
@@ -372,6 +401,9 @@ class FrameStore:
                                  f"{tuple(state['owner'].shape)} do not match {self.num_envs} envs x "
                                  f"{self.frames_per_env} frames")
             self.frames = state["frames"].to(self.device, copy=copy)
+            if not self.frames.is_contiguous():
+                self.frames = self.frames.contiguous()
+            self._rows = self._rows_of(self.frames)
             self.owner = state["owner"].to("cpu", torch.int64, copy=copy)
             self.count = state["count"].to("cpu", torch.int64, copy=True)
             self.count_on_device = self.count.to(self.device)

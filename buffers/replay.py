@@ -98,7 +98,7 @@ class ReplayBuffer:
         self._on_write(index % self.capacity)
         self.written += size
         if self.frame_store is not None:
-            self._drop(self.frame_store.register(index, *positions))
+            self._drop(self.frame_store.register(self.written - size, *positions))
         return index
 
     def _allocate(self, data: TensorDict) -> TensorDict:
