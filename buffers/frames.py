@@ -130,7 +130,7 @@ class FrameStore:
         self.num_envs = 0  # E, set by the first step
         self.frames_per_env = 0  # L
         self.frames: torch.Tensor | None = None  # [E * L, *frame_shape] on device
-        self._rows: torch.Tensor | None = None  # the same memory as [E * L, words per frame] (word_type)
+        self._rows: torch.Tensor | None = None  # set with frames by _set_frames, with a few constants
         self.count: torch.Tensor | None = None  # int64 [E]: frames written per env
         self.count_on_device: torch.Tensor | None = None  # a copy of count on device, for sampling
         self.owner: torch.Tensor | None = None  # int64 [E, L]: see the module docstring
@@ -159,57 +159,59 @@ class FrameStore:
         obs, next_obs = self._check_step(transitions)
         if self.frames is None:
             self._allocate(transitions, obs)
-        k, num_envs, length = self.frame_stack, self.num_envs, self.frames_per_env
+        k, length, envs = self.frame_stack, self.frames_per_env, np.arange(self.num_envs)
         # Bookkeeping in numpy, on views of the CPU tensors as [E, k, words per frame]: a few
         # small ops per step (torch would take dozens of calls at several microseconds each).
         o, n, last = self._words(obs), self._words(next_obs), self._words(self.last_next_obs)
         count = self.count.numpy()  # each env's next frame number
-        continues = (count > 0) & (o == last).all(axis=(1, 2))
+        started = count[0] > 0  # every step writes to every env, so all envs have started or none
+        continues = (o == last).all(axis=(1, 2)) if started else np.zeros(len(count), dtype=bool)
         shifted = (n[:, :-1] == o[:, 1:]).all(axis=(1, 2))
-        next_start = np.where(continues, count, count + k)  # first frame of next_obs's new frames
-        next_last = np.where(shifted, next_start, next_start + k - 1)
-        obs_last = next_start - 1
-        envs = np.arange(num_envs)
         if continues.all() and shifted.all():  # the usual step: one new frame per env
-            rows, frame = n[:, -1], next_start
+            obs_last, next_last = count - 1, count
+            rows, dest = n[:, -1], envs * length + count % length
         else:
-            steps = np.arange(k)
-            new_obs, full_next = ~continues, ~shifted
+            next_start = np.where(continues, count, count + k)  # next_obs's first new frame
+            obs_last, next_last = next_start - 1, np.where(shifted, next_start, next_start + k - 1)
+            steps, new_obs, full_next = np.arange(k), ~continues, ~shifted
             rows = np.concatenate([o[new_obs].reshape(-1, o.shape[2]), n[shifted, -1],
                                    n[full_next].reshape(-1, o.shape[2])])
             frame = np.concatenate([(count[new_obs, None] + steps).ravel(), next_start[shifted],
                                     (next_start[full_next, None] + steps).ravel()])
-            envs = np.concatenate([envs[new_obs].repeat(k), envs[shifted], envs[full_next].repeat(k)])
-        dest = envs * length + frame % length  # distinct: an env writes at most 2k <= L frames a step
+            env = np.concatenate([envs[new_obs].repeat(k), envs[shifted], envs[full_next].repeat(k)])
+            dest = env * length + frame % length  # distinct: an env writes at most 2k <= L frames a step
 
         owner = self.owner.numpy().reshape(-1)
         owners = owner[dest]
-        dropped = torch.from_numpy(owners[owners >= max(first_live, 0)])  # -1: no owner
+        dropped = owners[owners >= max(first_live, 0)]  # -1: no owner
         owner[dest] = -1
         self._rows.index_copy_(0, torch.from_numpy(dest).to(self.device), torch.from_numpy(rows).to(self.device))
         self.count = torch.from_numpy(next_last + 1)
         self.count_on_device = self.count.to(self.device)
         np.copyto(last, n)
-        if dropped.numel():
+        if dropped.size:
             self.last_dropped = max(self.last_dropped, int(dropped.max()))
 
         step = transitions.exclude(*POSITION_KEYS)
-        step.set("obs", torch.from_numpy(obs_last * num_envs + np.arange(num_envs)).to(transitions.device))
-        step.set("next_obs", torch.from_numpy(next_last * num_envs + np.arange(num_envs)).to(transitions.device))
-        return step, dropped
+        step.set("obs", torch.from_numpy(obs_last * len(envs) + envs).to(transitions.device))
+        step.set("next_obs", torch.from_numpy(next_last * len(envs) + envs).to(transitions.device))
+        return step, torch.from_numpy(dropped)
 
     def _words(self, stacks: torch.Tensor) -> np.ndarray:
         """CPU stacks [E, k, *frame_shape] as a numpy [E, k, words per frame] (a view when contiguous)."""
-        array = stacks.numpy().reshape(*stacks.shape[:2], -1)
-        return array.view(np.uint8).view(str(self._rows.dtype).removeprefix("torch."))
+        return stacks.numpy().reshape(*stacks.shape[:2], -1).view(np.uint8).view(self._word)
 
     def _check_step(self, transitions: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-        missing = [key for key in POSITION_KEYS if key not in transitions.keys()]  # noqa: SIM118 (TensorDict)
-        if missing:
+        obs, next_obs = transitions.get("obs", None), transitions.get("next_obs", None)
+        if obs is None or next_obs is None:
+            missing = [key for key, v in zip(POSITION_KEYS, (obs, next_obs), strict=True) if v is None]
             raise ValueError(f"add_frames needs obs and next_obs stacks; missing {missing}")
-        if transitions.batch_dims != 1:
+        obs, next_obs = obs.cpu(), next_obs.cpu()
+        if (self.frames is not None and len(transitions.batch_size) == 1 and obs.shape == next_obs.shape
+                and obs.shape == self._stack_shape and obs.dtype == next_obs.dtype == self.frames.dtype):
+            return obs, next_obs  # the usual case, checked in one go
+        if len(transitions.batch_size) != 1:
             raise ValueError(f"add_frames expects one vector-env step [E], got batch size {transitions.batch_size}")
-        obs, next_obs = transitions["obs"].cpu(), transitions["next_obs"].cpu()
         k = self.frame_stack
         if obs.dim() < 2 or obs.shape[1] != k or obs.shape != next_obs.shape or obs.dtype != next_obs.dtype:
             raise ValueError(
@@ -217,12 +219,10 @@ class FrameStore:
                 f"got obs {tuple(obs.shape)} {obs.dtype} and next_obs {tuple(next_obs.shape)} {next_obs.dtype}"
             )
         if self.frames is not None:
-            stored = (self.num_envs, k, *self.frames.shape[1:])
-            if obs.shape != stored or obs.dtype != self.frames.dtype:
-                raise ValueError(
-                    f"add_frames got stacks {tuple(obs.shape)} {obs.dtype}; this buffer stores "
-                    f"{stored} {self.frames.dtype} (one step of the same {self.num_envs} envs)"
-                )
+            raise ValueError(
+                f"add_frames got stacks {tuple(obs.shape)} {obs.dtype}; this buffer stores "
+                f"{tuple(self._stack_shape)} {self.frames.dtype} (one step of the same {self.num_envs} envs)"
+            )
         return obs, next_obs
 
     def _allocate(self, transitions: TensorDict, obs: torch.Tensor) -> None:
@@ -238,18 +238,19 @@ class FrameStore:
                    f"(capacity {self.capacity:,} transitions)")
         self.num_envs, self.frames_per_env = num_envs, length
         # torch.empty leaves pages untouched until written, so the store costs memory as it fills.
-        self.frames = torch.empty((num_envs * length, *frame_shape), dtype=obs.dtype, device=self.device)
-        self._rows = self._rows_of(self.frames)
+        self._set_frames(torch.empty((num_envs * length, *frame_shape), dtype=obs.dtype, device=self.device))
         self.count = torch.zeros(num_envs, dtype=torch.int64)
         self.count_on_device = self.count.to(self.device)
         self.owner = torch.full((num_envs, length), -1, dtype=torch.int64)
         self.last_next_obs = torch.empty_like(obs)
 
-    @staticmethod
-    def _rows_of(frames: torch.Tensor) -> torch.Tensor:
-        """The frames [N, *frame_shape] as [N, words per frame] (word_type), the same memory."""
+    def _set_frames(self, frames: torch.Tensor) -> None:
+        """Take `frames` [E * L, *frame_shape] as the store, with the views and constants derived from it."""
+        self.frames = frames
         rows = frames.view(len(frames), -1).view(torch.uint8)
-        return rows.view(word_type(rows.shape[1]))
+        self._rows = rows.view(word_type(rows.shape[1]))  # the same memory as [E * L, words per frame]
+        self._word = np.dtype(str(self._rows.dtype).removeprefix("torch."))
+        self._stack_shape = torch.Size((self.num_envs, self.frame_stack, *frames.shape[1:]))
 
     # ---- the buffer's side: storing positions ------------------------------------------------------
 
@@ -400,10 +401,7 @@ class FrameStore:
                 raise ValueError(f"state's frames {tuple(state['frames'].shape)} and owners "
                                  f"{tuple(state['owner'].shape)} do not match {self.num_envs} envs x "
                                  f"{self.frames_per_env} frames")
-            self.frames = state["frames"].to(self.device, copy=copy)
-            if not self.frames.is_contiguous():
-                self.frames = self.frames.contiguous()
-            self._rows = self._rows_of(self.frames)
+            self._set_frames(state["frames"].to(self.device, copy=copy).contiguous())
             self.owner = state["owner"].to("cpu", torch.int64, copy=copy)
             self.count = state["count"].to("cpu", torch.int64, copy=True)
             self.count_on_device = self.count.to(self.device)

@@ -262,6 +262,7 @@ def test_property_random_streams(num_envs, k, n, capacity, max_len, prioritized,
     """Any env count, stack depth, n, capacity and episode length: every sampled item is bit-exact
     and sampleable, the frames written follow the storage rule, and a large sample reaches every
     sampleable transition (at most 60 of them: a miss has probability < 60 * (1 - 1/60)**3000)."""
+    capacity = max(capacity, n * num_envs)  # an n-step flush emits up to n transitions per env
     rb = make_buffer(prioritized, capacity, "cpu", k=k, seed=seed)
     run = Run(rb, num_envs, k, n, seed, max_len=max_len, p_jump=0.05)
     run.run(int(2.5 * capacity / num_envs) + 5, glitch=0.03, check_every=3, batch_size=16)
