@@ -199,9 +199,10 @@ class ReplayBuffer:
         already on this buffer's device (e.g. from torch.load(..., mmap=True)) instead of copying them."""
         if state["capacity"] != self.capacity:
             raise ValueError(f"state is for capacity {state['capacity']}, this buffer has {self.capacity}")
-        if ("frames" in state) != (self.frame_store is not None):
-            stored = "stores frames" if "frames" in state else "does not store frames"
-            raise ValueError(f"state {stored} (frame_stack), this buffer is {self.frame_store!r}")
+        given = state["frames"]["frame_stack"] if "frames" in state else 0
+        mine = 0 if self.frame_store is None else self.frame_store.frame_stack
+        if given != mine:
+            raise ValueError(f"state is for frame_stack={given}, this buffer has frame_stack={mine}")
         if self.frame_store is not None:
             self.frame_store.load_state_dict(state["frames"], copy=copy)
         storage = state["storage"]

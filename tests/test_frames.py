@@ -595,9 +595,9 @@ def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot):
 def test_loading_a_state_of_the_other_kind_raises(device):
     frames = make_buffer(False, 10, device)
     generic = ReplayBuffer(10, device=device)
-    with pytest.raises(ValueError, match="does not store frames"):
+    with pytest.raises(ValueError, match="state is for frame_stack=0, this buffer has frame_stack=4"):
         frames.load_state_dict(generic.state_dict())
-    with pytest.raises(ValueError, match="stores frames"):
+    with pytest.raises(ValueError, match="state is for frame_stack=4, this buffer has frame_stack=0"):
         generic.load_state_dict(frames.state_dict())
-    with pytest.raises(ValueError, match="frame_stack 4"):
+    with pytest.raises(ValueError, match="state is for frame_stack=4, this buffer has frame_stack=2"):
         make_buffer(False, 10, device, k=2).load_state_dict(frames.state_dict())
