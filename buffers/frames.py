@@ -105,8 +105,8 @@ WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 def word_type(nbytes: int) -> torch.dtype:
     """The widest integer type that tiles `nbytes` (84 x 84 = 7056 bytes: 882 int64 words).
 
-    Frames are copied and compared as such words: torch's uint8 index_copy_ and both libraries'
-    uint8 == run element by element, several times slower than on int64 words.
+    Frames are copied and compared as such words: torch's index_copy_ and == on uint8 work byte
+    by byte, several times slower than on int64 words.
     """
     return next(word for word in WORDS if nbytes % word.itemsize == 0)
 
