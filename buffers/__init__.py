@@ -12,12 +12,16 @@
     rb.extend(nstep.push(step))         # step: TensorDict [8] of one vector-env step
 
     loader = Prefetcher(prb, 256, device="cuda")    # host buffer, GPU learner: see prefetch.py
+    rb = ReplayBuffer(capacity, frame_stack=4)   # Atari: each frame of the obs stacks stored once
+    rb.extend(nstep.push(rb.add_frames(step)))   # add_frames: stacks -> positions; sample gives stacks
 """
 
+from .frames import FrameStore
 from .nstep import NStepReturns
 from .prefetch import Prefetcher
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
 from .returns import lambda_returns
 
-__all__ = ["NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree", "lambda_returns"]
+__all__ = ["FrameStore", "NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree",
+           "lambda_returns"]

@@ -13,6 +13,9 @@ Invariants kept here (tests/test_prioritized.py checks each):
   or never-written indices) never reaches the tree: it raises before anything changes
   (validation="immediate"), or is dropped and reported later (validation="deferred", see
   PrioritizedReplayBuffer).
+- Frame mode (frame_stack > 0): a transition whose frames were overwritten (see buffers/frames.py)
+  gets stored priority 0, which removes it from the sum and the minimum, and keeps it through
+  priority updates, so P(i) and the largest weight are exact over the sampleable transitions.
 
 Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
 cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
@@ -273,13 +276,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._last_slot.fill_(min(written, self.capacity) - 1)
         # No empty leaf is left in any row of the tree (see SegmentTree.update). Under CUDA graph
         # capture this flag, like alpha and eps, is read once: capture after load_state_dict.
-        self._full_rows = written >= self.capacity and self.capacity % self.tree.arity == 0
+        self._full_rows = written >= self.capacity and self.capacity % self.tree.arity == 0 \
+            and self.frame_store is None  # frame mode may drop items: zero leaves mid-buffer
 
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
         # As ReplayBuffer._index_of, from the device copy of the write count.
         return self._last_index - torch.remainder(self._last_index - slots, self.capacity)
 
     # ---- sampling ----------------------------------------------------------------------------------
+
+    def _on_drop(self, slots: torch.Tensor) -> None:
+        self.tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
 
     def sample(self, batch_size: int) -> TensorDict:
         """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
@@ -293,6 +300,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         fraction = torch.add(strata, mass, alpha=1 / batch_size)
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
+        if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
+            slots = self._redraw_dropped(slots)
         stored = self.tree.leaves.index_select(0, slots)
         weight = torch.empty(batch_size, dtype=torch.float32, device=self.device)
         torch.pow(stored.div_(self.tree.minimum), self._neg_beta, out=weight)
@@ -303,6 +312,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return torch.rand(n, generator=self.generator, device=self.device, dtype=torch.float64)
 
     # ---- priority updates ----------------------------------------------------------------------------
+
+    def _redraw_dropped(self, slots: torch.Tensor) -> torch.Tensor:
+        """Frame mode: replace draws that landed on a dropped transition (priority 0).
+
+        The descent only does so by rounding at a boundary next to a zero leaf, or through the
+        clamp in `sample` when the last item was dropped. Such a draw is redrawn over the whole
+        mass; a draw that still fails after a few rounds descends over the positive leaves alone.
+        """
+        if not bool(self.tree.total > 0):
+            raise RuntimeError("no transition can be sampled: the frames of every stored one were overwritten")
+        for _ in range(4):
+            bad = self.tree.leaves.index_select(0, slots) == 0
+            if not bool(bad.any()):
+                return slots
+            fraction = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
+            fresh = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
+            slots = torch.where(bad, fresh, slots)
+        bad = self.tree.leaves.index_select(0, slots) == 0
+        leaves = self.tree.leaves[: len(self)]
+        positive = (leaves > 0).nonzero().flatten()
+        upper = leaves.index_select(0, positive).cumsum(0)
+        mass = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
+        pick = torch.searchsorted(upper, mass.mul_(upper[-1]), right=True).clamp_(max=positive.numel() - 1)
+        return torch.where(bad, positive.index_select(0, pick), slots)
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Set the priorities of sampled items from their raw |TD error| (one per index).
@@ -392,6 +425,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         stored = value.add_(self.eps).pow_(self.alpha)  # (|p| + eps) ** alpha, as p >= 0
         if valid is not None:  # a slot with no valid copy keeps its leaf
             stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
+        if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
+            stored = torch.where(self.tree.leaves.index_select(0, slots) > 0, stored, 0.0)  # dropped stay 0
         self.tree.update(slots, stored, self._full_rows)
         torch.maximum(self.max_priority, stored.amax(), out=self.max_priority)
 
@@ -426,8 +461,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         )
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict, copy: bool = True) -> None:
+        super().load_state_dict(state, copy)
         self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
         priority = state["priority"].to(self.device, torch.float64)
         # The tree is a function of its leaves (no drift), so rebuilding it restores it exactly.

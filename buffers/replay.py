@@ -7,6 +7,10 @@ Invariants kept here (tests/test_replay.py checks each):
   still stored exactly when written - capacity <= i < written.
 - Bad input raises before anything is written, so a failed call leaves the buffer unchanged.
 - Sampling draws from the buffer's own torch.Generator: same seed, same samples.
+- With frame_stack=k, obs and next_obs are stored as positions in a FrameStore (buffers/frames.py,
+  which states its own invariants): each frame once, the stacks rebuilt bit for bit at sampling.
+  A transition whose frames were overwritten is "dropped": it stays stored (len counts it) but is
+  never sampled again. Uniform sampling is then uniform over the sampleable transitions.
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from .frames import FrameStore, check_fits
+
 
 class ReplayBuffer:
-    """Uniform replay over a TensorDict of preallocated tensors on `device` (CPU or CUDA)."""
+    """Uniform replay over a TensorDict of preallocated tensors on `device` (CPU or CUDA).
+
+    frame_stack=k > 0 stores stacked-frame observations (obs [k, *frame_shape]) one frame at a
+    time: pass each vector-env step through `add_frames` before extend (or NStepReturns).
+    """
 
     def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None,
                  frame_stack: int = 0):
-        self.frame_stack = int(frame_stack)  # TEMPORARY placeholder until frame storage lands
         if int(capacity) <= 0:
             raise ValueError(f"capacity must be a positive integer, got {capacity}")
         self.capacity = int(capacity)
@@ -33,6 +42,7 @@ class ReplayBuffer:
             self.generator.seed()
         else:
             self.generator.manual_seed(int(seed))
+        self.frame_store = FrameStore(frame_stack, self.capacity, self.device) if frame_stack else None
 
     def __len__(self) -> int:
         return min(self.written, self.capacity)
@@ -43,6 +53,19 @@ class ReplayBuffer:
 
     # ---- writing -------------------------------------------------------------------------------
 
+    def add_frames(self, transitions: TensorDict) -> TensorDict:
+        """Store one vector-env step's new frames; return the step with obs/next_obs as int64 positions.
+
+        `transitions` is a TensorDict [E] of ONE step, steps in the order they happened (what
+        envs.TransitionRecorder returns). Extend with the result, directly or through NStepReturns.
+        Returns `transitions` itself when this buffer does not store frames (frame_stack=0).
+        """
+        if self.frame_store is None:
+            return transitions
+        step, dropped = self.frame_store.add(transitions, self.written - self.capacity)
+        self._drop(dropped)
+        return step
+
     def extend(self, data: TensorDict) -> torch.Tensor:
         """Append a batch (batch_size [B]); return the items' int64 indices [B]."""
         if data.batch_dims != 1:
@@ -50,6 +73,8 @@ class ReplayBuffer:
         size = data.batch_size[0]
         if size > self.capacity:
             raise ValueError(f"batch of {size} items does not fit a buffer of capacity {self.capacity}")
+        if self.frame_store is not None:
+            positions = self.frame_store.check_positions(data, self.written + size - self.capacity)
         if self.storage is None:
             if size == 0:
                 return torch.empty(0, dtype=torch.int64, device=self.device)
@@ -72,13 +97,13 @@ class ReplayBuffer:
                 dst[: size - first].copy_(src[first:])
         self._on_write(index % self.capacity)
         self.written += size
+        if self.frame_store is not None:
+            self._drop(self.frame_store.register(self.written - size, *positions))
         return index
 
-    def add_frames(self, step: TensorDict) -> TensorDict:
-        """TEMPORARY placeholder until frame storage lands: the step unchanged."""
-        return step
-
     def _allocate(self, data: TensorDict) -> TensorDict:
+        item_bytes = sum(x[0].numel() * x.element_size() for x in data.values(True, True))
+        check_fits(self.capacity * item_bytes, self.device, f"a replay buffer of {self.capacity:,} items")
         # torch.empty leaves pages untouched until written, so a large buffer costs memory as it fills.
         return data.apply(
             lambda x: torch.empty((self.capacity, *x.shape[1:]), dtype=x.dtype, device=self.device),
@@ -107,12 +132,26 @@ class ReplayBuffer:
     def _on_write(self, slots: torch.Tensor) -> None:
         """Hook for subclasses that keep per-slot data (priorities)."""
 
+    def _drop(self, index: torch.Tensor) -> None:
+        """Frame mode: live items (CPU indices) whose frames were overwritten; never sample them again.
+
+        Uniform sampling finds them from their positions (FrameStore.sampleable); subclasses that
+        keep per-slot data hear of them through _on_drop.
+        """
+        if index.numel():
+            self._on_drop(index.remainder(self.capacity).to(self.device))
+
+    def _on_drop(self, slots: torch.Tensor) -> None:
+        """Hook for subclasses that keep per-slot data (a prioritized buffer zeroes the priorities)."""
+
     # ---- reading -------------------------------------------------------------------------------
 
     def sample(self, batch_size: int) -> TensorDict:
         """Draw `batch_size` items uniformly with replacement; adds "index"."""
         self._check_sample(batch_size)
         slots = torch.randint(len(self), (batch_size,), generator=self.generator, device=self.device)
+        if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
+            slots = self.frame_store.redraw_uniform(slots, self.storage["obs"], len(self), self.generator)
         return self._gather(slots)
 
     def sample_slices(self, batch_size: int, length: int, stride: int = 1) -> TensorDict:
@@ -153,6 +192,9 @@ class ReplayBuffer:
     def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
         """The items in `slots`, plus "index" and any `extra` per-item tensors (e.g. "weight")."""
         batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
+        if self.frame_store is not None:  # positions -> stacks
+            first_live = self.written - self.capacity
+            batch["obs"], batch["next_obs"] = self.frame_store.stacks(batch["obs"], batch["next_obs"], first_live)
         batch["index"] = self._index_of(slots)
         batch.update(extra)
         return _tensordict(batch, slots.numel(), self.device)
@@ -165,21 +207,37 @@ class ReplayBuffer:
     # ---- checkpointing ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly: storage, write count and the generator's state."""
-        return {
+        """Everything needed to continue exactly: storage, write count and the generator's state.
+
+        The storage (and a frame store's frames) are the live tensors, not copies, so saving a
+        large buffer does not double its memory: save the state before writing again.
+        """
+        state = {
             "capacity": self.capacity,
             "written": self.written,
             "storage": None if self.storage is None else self.storage.to_dict(),
             "generator": self.generator.get_state(),
         }
+        if self.frame_store is not None:
+            state["frames"] = self.frame_store.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, copy: bool = True) -> None:
+        """Restore a state_dict. copy=True (the default) copies every tensor, so that this buffer and the
+        one the state came from never share memory; copy=False adopts the storage tensors that are
+        already on this buffer's device (e.g. from torch.load(..., mmap=True)) instead of copying them."""
         if state["capacity"] != self.capacity:
             raise ValueError(f"state is for capacity {state['capacity']}, this buffer has {self.capacity}")
+        given = state["frames"]["frame_stack"] if "frames" in state else 0
+        mine = 0 if self.frame_store is None else self.frame_store.frame_stack
+        if given != mine:
+            raise ValueError(f"state is for frame_stack={given}, this buffer has frame_stack={mine}")
+        if self.frame_store is not None:
+            self.frame_store.load_state_dict(state["frames"], copy=copy)
         storage = state["storage"]
-        # Copy, so that this buffer and the one the state came from never share memory.
-        self.storage = None if storage is None else TensorDict(
-            storage, batch_size=[self.capacity]).to(self.device).clone()
+        if storage is not None:
+            storage = TensorDict(storage, batch_size=[self.capacity]).to(self.device)
+        self.storage = storage.clone() if copy and storage is not None else storage
         self._stored_layout = None if self.storage is None else _layout(self.storage)
         self.written = int(state["written"])
         self.generator.set_state(state["generator"])
