@@ -12,7 +12,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -61,9 +60,8 @@ class Args:
     learning_starts: int = 1_000  # environment steps of uniform random actions before learning starts
     updates_per_step: float = 1.0  # critic gradient steps per environment step (update-to-data ratio; 0.5, 2 work)
     policy_frequency: int = 2  # critic updates per actor and target update (1: the paper; 2: TD3's delay)
-    noise: Literal["gaussian", "ou"] = "gaussian"  # exploration noise: Gaussian, or Ornstein-Uhlenbeck (the paper's)
-    exploration_noise: float = 0.2  # noise std (Gaussian) or sigma (OU), as a fraction of the half action range
-    ou_theta: float = 0.15  # mean reversion rate of the OU noise
+    exploration_noise: float = 0.2  # noise scale sigma, as a fraction of the half action range
+    ou_theta: float = 1.0  # the noise's mean reversion per step: 1 is Gaussian noise, 0.15 the paper's OU process
     normalize_obs: bool = False  # normalise observations by the running mean and std of the collected ones
     n_step: int = 1  # bootstrap from n-step returns (1: the one-step TD target)
     td_lambda: float | None = None  # train the critic on lambda-returns over replayed slices of td_lambda_steps steps
@@ -103,8 +101,7 @@ class QNetwork(nn.Module):
 
 
 class ExplorationNoise:
-    """Ornstein-Uhlenbeck noise per env and action dimension (dt = 1, mean 0): x += -theta x + sigma N(0, 1).
-    theta = 1 makes it Gaussian (x = sigma N(0, 1) afresh each step); the paper's theta is 0.15."""
+    """Ornstein-Uhlenbeck noise per env and action (dt = 1): x += -theta x + sigma N(0, 1); theta = 1: Gaussian."""
 
     def __init__(self, shape: tuple[int, ...], theta: float, sigma: np.ndarray | float, seed: int):
         self.theta, self.sigma, self.state, self.rng = theta, sigma, np.zeros(shape), np.random.default_rng(seed)
@@ -138,8 +135,9 @@ def check_args(args: Args) -> None:
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not (0 < args.tau <= 1 and 0 <= args.gamma <= 1 and args.batch_size <= args.buffer_size
-            and args.updates_per_step > 0 and args.exploration_noise >= 0):
-        fail("need 0 < tau <= 1, 0 <= gamma <= 1, batch_size <= buffer_size, updates_per_step > 0, noise >= 0")
+            and args.updates_per_step > 0 and args.exploration_noise >= 0 and 0 < args.ou_theta <= 1):
+        fail("need 0 < tau <= 1, 0 <= gamma <= 1, batch_size <= buffer_size, updates_per_step > 0, "
+             "exploration_noise >= 0 and 0 < ou_theta <= 1")
     if args.td_lambda is not None and not (0 <= args.td_lambda <= 1 and args.n_step == 1):
         fail(f"--td-lambda must be in [0, 1] and needs --n-step 1, got {args.td_lambda} and {args.n_step}")
 
@@ -287,7 +285,7 @@ def main(args: Args) -> dict:
     rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed)
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
     recorder = TransitionRecorder(args.num_envs)
-    noise = ExplorationNoise((args.num_envs, *action_space.shape), 1.0 if args.noise == "gaussian" else args.ou_theta,
+    noise = ExplorationNoise((args.num_envs, *action_space.shape), args.ou_theta,
                              args.exploration_noise * (action_space.high - action_space.low) / 2, args.seed)
     parts = dict(actor=actor, qf=qf, target_params=target_params, actor_optimizer=actor_optimizer,
                  qf_optimizer=qf_optimizer, obs_norm=obs_norm, rb=rb, nstep=nstep, recorder=recorder, noise=noise)
@@ -308,8 +306,7 @@ def main(args: Args) -> dict:
     run = Run(args, device, resumed)
 
     def update_critic(batch: TensorDict) -> TensorDict:
-        """One step on the squared TD error to lambda-returns over [B, L] slices of consecutive steps. A slice of
-        one step (L = 1, plain sampling) gives the one-step (or n-step) target reward + discount * Q'(s', mu'(s'))."""
+        """A step on the squared TD error to lambda-returns over [B, L] slices (L = 1: r + d Q'(s', mu'(s')))"""
         flat = batch.flatten(0, 1)
         with torch.no_grad():
             next_value = qf_target(next_obs := obs_norm(flat["next_obs"]), actor_target(next_obs)).view(batch.shape)

@@ -282,7 +282,7 @@ def main(args: Args) -> dict:
     target_params.to_module(target_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True,
                                  capturable=args.cudagraphs and device.type == "cuda")
-    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=4 if q_network.image else 0)
+    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=4 if is_atari(args.env) else 0)
     recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
     explore_rng = np.random.default_rng(args.seed)
     parts = dict(q_network=q_network, target_params=target_params, optimizer=optimizer, rb=rb, recorder=recorder)

@@ -290,7 +290,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True,
                                  capturable=args.cudagraphs and device.type == "cuda")
     rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed,
-                                 frame_stack=4 if q_network.image else 0)
+                                 frame_stack=4 if is_atari(args.env) else 0)
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
     recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
     explore_rng = np.random.default_rng(args.seed)

@@ -143,7 +143,7 @@ def test_smoke_run_leaves_a_complete_run_dir(env_id, tmp_path, monkeypatch, thre
 
 @pytest.mark.parametrize("overrides", [
     dict(n_step=3),
-    dict(noise="ou", normalize_obs=True, policy_frequency=2),
+    dict(ou_theta=0.15, normalize_obs=True, policy_frequency=2),
     dict(updates_per_step=0.5),
     dict(updates_per_step=2.0, num_envs=2),
 ], ids=["n_step", "ou_normalize_delay", "half_update", "two_updates_two_envs"])

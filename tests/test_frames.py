@@ -350,10 +350,10 @@ def test_prioritized_sampling_is_proportional_over_the_sampleable_transitions(de
     prb.update_priority(torch.tensor(live, device=device), torch.tensor(priority, device=device))
     sampleable = sorted(run.sampleable())
     stored = {i: (p + prb.eps) ** prb.alpha for i, p in zip(live, priority, strict=True) if i in run.sampleable()}
-    leaves = prb.sum_tree.levels[0].cpu().numpy()
+    leaves = prb.tree.leaves.cpu().numpy()
     for i in live:
         assert leaves[i % prb.capacity] == (pytest.approx(stored[i], rel=1e-12) if i in stored else 0.0)
-    assert prb.min_tree.root.item() == pytest.approx(min(stored.values()), rel=1e-12)
+    assert prb.tree.minimum.item() == pytest.approx(min(stored.values()), rel=1e-12)
 
     batches = [prb.sample(1000) for _ in range(100)]
     index = torch.cat([b["index"] for b in batches]).cpu()
@@ -371,8 +371,8 @@ def test_prioritized_sampling_is_proportional_over_the_sampleable_transitions(de
 
 def test_a_transition_dropped_after_it_was_sampled_keeps_priority_zero(device):
     """Priorities that grow with the index, so the oldest transitions, which lose their frames first,
-    hold the smallest: once they are dropped, their leaves must read 0 (sum) and inf (min), the
-    minimum must come from the sampleable ones, and a later update must not bring them back."""
+    hold the smallest: once they are dropped, their leaves must read 0 (out of the sums and the
+    minimum), the minimum must come from the sampleable ones, and a later update must not bring them back."""
     run = short_episode_run(True, device, seed=5)
     prb = run.rb
     live = torch.tensor(run.live())
@@ -383,11 +383,10 @@ def test_a_transition_dropped_after_it_was_sampled_keeps_priority_zero(device):
     gone = [i for i in index.cpu().tolist() if i >= prb.written - prb.capacity and i not in run.sampleable()]
     assert gone
     for _ in range(2):
-        leaves = prb.sum_tree.levels[0].cpu().numpy()
-        low = prb.min_tree.levels[0].cpu().numpy()
-        assert all(leaves[i % prb.capacity] == 0.0 and low[i % prb.capacity] == math.inf for i in gone)
+        leaves = prb.tree.leaves.cpu().numpy()
+        assert all(leaves[i % prb.capacity] == 0.0 for i in gone)
         sampleable = [i % prb.capacity for i in run.sampleable()]
-        assert prb.min_tree.root.item() == leaves[sampleable].min() > 0
+        assert prb.tree.minimum.item() == leaves[sampleable].min() > 0
         prb.update_priority(index, torch.full((index.numel(),), 5.0, device=device))
     assert set(run.check_sample(prb.sample(2000))) == run.sampleable()
 
@@ -418,18 +417,20 @@ def test_a_draw_that_lands_on_a_dropped_transition_is_redrawn(device, monkeypatc
     run = short_episode_run(True, device, seed=6)
     prb = run.rb
     dropped = sorted(set(run.live()) - run.sampleable())
-    real = prb.sum_tree.find_prefix
+    real = prb.tree.find_prefix
     calls = []
 
-    def find_prefix(mass):
+    def find_prefix(mass, relative=False):
         calls.append(1)
-        return torch.full_like(mass, dropped[0] % prb.capacity, dtype=torch.int64) if len(calls) < 3 else real(mass)
+        if len(calls) < 3:
+            return torch.full_like(mass, dropped[0] % prb.capacity, dtype=torch.int64)
+        return real(mass, relative)
 
-    monkeypatch.setattr(prb.sum_tree, "find_prefix", find_prefix)
+    monkeypatch.setattr(prb.tree, "find_prefix", find_prefix)
     batch = prb.sample(64)
     run.check_sample(batch)
     assert len(calls) == 3
-    monkeypatch.setattr(prb.sum_tree, "find_prefix", lambda mass: torch.full_like(
+    monkeypatch.setattr(prb.tree, "find_prefix", lambda mass, relative=False: torch.full_like(
         mass, dropped[0] % prb.capacity, dtype=torch.int64))
     batch = prb.sample(64)  # the descent never helps: the exact fallback over the positive leaves
     run.check_sample(batch)

@@ -28,7 +28,7 @@ CASES = {
                 "--gradient-steps", "1", "--n-step", "3"],
     "nstep_dqn": ["--total-timesteps", "3000", "--learning-starts", "500", "--train-frequency", "4",
                   "--gradient-steps", "1", "--n-step", "3", "--tau", "0.1", "--target-network-frequency", "1"],
-    "ddpg": ["--total-timesteps", "1500", "--learning-starts", "300", "--noise", "ou", "--normalize-obs",
+    "ddpg": ["--total-timesteps", "1500", "--learning-starts", "300", "--ou-theta", "0.15", "--normalize-obs",
              "--num-envs", "2"],
 }
 COMMON = ["--eval-episodes", "3", "--save-model", "--checkpoint-frequency", "1000", "--no-cuda", "--threads", "1"]
