@@ -34,6 +34,7 @@ class NStepReturns:
         self.ring: TensorDict | None = None  # [n, num_envs]: start-of-window keys of the last n steps
         self.age = torch.zeros(self.num_envs, dtype=torch.int64)  # current-episode steps in the ring
         self.t = 0  # steps pushed; step t sits in ring row t % n
+        self._gamma32 = torch.tensor(self.gamma, dtype=torch.float32)  # the one-step discount, as stored
 
     def push(self, step: TensorDict) -> TensorDict:
         """Add one vector-env step (batch [num_envs]); return the transitions that finished with it."""
@@ -42,7 +43,13 @@ class NStepReturns:
             raise ValueError(f"step is missing keys {missing}; it needs {list(REQUIRED)}")
         if tuple(step.batch_size) != (self.num_envs,):
             raise ValueError(f"step has batch size {tuple(step.batch_size)}, expected ({self.num_envs},)")
-        step = step.to("cpu")
+        if step.device is None or step.device.type != "cpu":
+            step = step.to("cpu")
+        if self.n == 1:  # every step is a finished one-step window: no ring needed
+            ready = step.copy()
+            ready["discount"] = torch.where(step["terminated"].bool(), 0.0, self._gamma32)
+            self.t += 1
+            return ready
         start = step.exclude(*END_KEYS)
         if self.ring is None:
             self.ring = start.unsqueeze(0).expand(self.n, self.num_envs).clone()
@@ -62,7 +69,8 @@ class NStepReturns:
         length = torch.arange(1, self.n + 1).unsqueeze(1)  # [n, 1]
         emit = (length <= self.age) & (done | (length == self.n))
         row, env = emit.nonzero(as_tuple=True)
-        ready = self.ring.apply(lambda x: x[(self.t - row) % self.n, env], batch_size=[row.numel()])
+        slot = (self.t - row) % self.n
+        ready = self.ring.apply(lambda x: x[slot, env], batch_size=[row.numel()])
         ready["reward"] = returns[row, env]
         for key in END_KEYS:
             ready[key] = step[key][env]
