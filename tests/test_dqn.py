@@ -110,8 +110,12 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     assert {"charts/episodic_return", "charts/episodic_length", "losses/td_loss", "eval/episodic_return"} <= tags
     saved = json.loads((run / "summary.json").read_text())
     assert saved["eval_episodes"] == args.eval_episodes == len(saved["eval_returns"])
-    assert saved["global_step"] == summary["global_step"] >= args.total_timesteps
-    assert saved["updates"] > 0
+    assert saved["global_step"] == summary["global_step"] == args.total_timesteps
+    # One gradient step per multiple of train_frequency (2) after learning_starts (100); 2 envs reach 100 exactly.
+    assert saved["updates"] == sum(1 for step in range(101, 401) if step % 2 == 0)
+    assert saved["eval_return_mean"] == pytest.approx(sum(saved["eval_returns"]) / len(saved["eval_returns"]))
+    assert [r["eval/episodic_return"] for r in records if "eval/episodic_return" in r][-1] == \
+        pytest.approx(saved["eval_return_mean"])  # the final evaluation is the one logged last
     assert (run / "videos" / "eval-episode-0.mp4").stat().st_size > 1000
 
     # The saved weights rebuild the network a user would construct from the env's spaces.
@@ -121,16 +125,34 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     net = dqn.QNetwork(env.observation_space, env.action_space)
     net.load_state_dict(torch.load(run / "model.pt", weights_only=True))
     assert net(torch.zeros(3, 4)).shape == (3, 2)
+    torch.manual_seed(args.seed)  # main's first draw from torch's generator is the Q-network's initialisation
+    initial = dqn.QNetwork(env.observation_space, env.action_space)
+    assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # saved after training, not before
 
 
 def test_pong_smoke_run(tmp_path, monkeypatch):
+    """The Atari path runs end to end: image observations, the CNN, gradient steps, and a final evaluation
+    of one whole game: it ends when a side has 21 points, and its return is the score difference."""
+    import importlib
+
+    evaluate_module = importlib.import_module("envs.evaluate")  # envs.evaluate is also the function's name
+    points = []
+
+    class Recorded(evaluate_module.EpisodeStats):  # sees every evaluation step's raw reward
+        def update(self, reward, done):
+            points.extend(reward.tolist())
+            return super().update(reward, done)
+
+    monkeypatch.setattr(evaluate_module, "EpisodeStats", Recorded)
     monkeypatch.chdir(tmp_path)
     args = tiny_args(dqn, env="PongNoFrameskip-v4", total_timesteps=300, learning_starts=100, buffer_size=500,
                      batch_size=8, train_frequency=2, eval_episodes=1, target_network_frequency=50)
     summary = dqn.main(args)
     run = run_dir_of(tmp_path, args)
     assert summary["updates"] == (300 - 100) // 2
-    assert -21 <= summary["eval_return_mean"] <= 21
+    won, lost = points.count(1.0), points.count(-1.0)
+    assert max(won, lost) == 21 and won + lost == sum(p != 0 for p in points)
+    assert summary["eval_returns"] == [won - lost]
     assert "losses/td_loss" in (run / "metrics.jsonl").read_text()
 
 

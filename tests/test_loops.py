@@ -244,11 +244,11 @@ def test_epsilon_falls_linearly_then_stays_at_end_e(monkeypatch, name):
 @pytest.mark.parametrize("name", DQNS)
 def test_training_rounds_with_several_envs(name):
     """gradient_steps per multiple of train_frequency the counter crosses once it is past learning_starts:
-    with 3 envs and train_frequency 4 a step crosses one multiple or none. Fails for one round per loop
+    with 3 envs and train_frequency 2 a step crosses one multiple or two. Fails for one round per loop
     iteration, rounds skipped or doubled, or learning from the wrong step."""
-    summary = ALGOS[name].main(args_for(name, num_envs=3, train_frequency=4, gradient_steps=2,
+    summary = ALGOS[name].main(args_for(name, num_envs=3, train_frequency=2, gradient_steps=2,
                                         total_timesteps=300, learning_starts=100))
-    expected = sum(2 * multiples(4, previous, step) for previous, step in vector_steps(300, 3) if step > 100)
+    expected = sum(2 * multiples(2, previous, step) for previous, step in vector_steps(300, 3) if step > 100)
     assert summary["updates"] == expected
 
 

@@ -28,7 +28,10 @@ def test_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatch, algo, 
     summary = algo.main(args)
     run = run_dir_of(tmp_path, args)
     assert {p.name for p in run.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "model.pt"}
-    assert summary["updates"] > 0 and summary["eval_episodes"] == args.eval_episodes
+    # One gradient step per multiple of train_frequency after learning_starts; 2 envs reach learning_starts exactly.
+    every, start = args.train_frequency, args.learning_starts
+    assert summary["updates"] == sum(1 for step in range(start + 1, args.total_timesteps + 1) if step % every == 0)
+    assert summary["eval_episodes"] == args.eval_episodes
     assert "losses/td_loss" in (run / "metrics.jsonl").read_text()
 
 
@@ -100,16 +103,18 @@ def test_per_writes_back_priorities_of_the_sampled_indices_and_anneals_beta_to_o
     kinds = [c[0] for c in calls]
     assert kinds == ["sample", "update", "stored"] * summary["updates"] and summary["updates"] > 50
     for (_, sampled), (_, index, priority), (_, stored) in zip(calls[::3], calls[1::3], calls[2::3], strict=True):
-        assert torch.equal(sampled, index)
-        assert (priority >= 0).all()
+        assert torch.equal(sampled, index)  # test_loops.py checks that the priorities are the batch's |TD errors|
         # Stored as (|p| + eps) ** alpha; duplicates in a batch keep their last value.
         last = {int(i): float(p) for i, p in zip(index, priority, strict=True)}
         expected = torch.tensor([(last[int(i)] + 1e-3) ** 0.7 for i in index], dtype=torch.float64)
         assert torch.allclose(stored, expected)
     assert buffers[-1].beta == 1.0
-    betas = [r["charts/beta"] for r in map(json.loads, (run_dir_of(tmp_path, args) / "metrics.jsonl").open())
-             if "charts/beta" in r]
-    assert betas == sorted(betas) and betas[0] < betas[-1] <= 1.0
+    logged = [(r["global_step"], r["charts/beta"]) for r in map(json.loads, (run_dir_of(tmp_path, args) /
+                                                                             "metrics.jsonl").open())
+              if "charts/beta" in r]
+    assert len(logged) == summary["updates"] // 100  # logged every 100 updates
+    for step, beta in logged:  # beta_start 0.4 at step 0 to 1 at total_timesteps 600, on a straight line
+        assert beta == pytest.approx(0.4 + 0.6 * step / 600)
 
 
 def test_nstep_with_n_1_gives_dqn_targets():
