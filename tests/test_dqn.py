@@ -100,6 +100,14 @@ def test_cuda_by_default_runs_on_the_cpu_without_a_warning(tmp_path, monkeypatch
 
 def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    networks = []
+
+    class Recorded(dqn.QNetwork):  # the first one main creates is the Q-network it trains
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            networks.append(self)
+
+    monkeypatch.setattr(dqn, "QNetwork", Recorded)
     args = tiny_args(dqn, save_model=True, capture_video=True, num_envs=2, eval_frequency=200)
     summary = dqn.main(args)
     run = run_dir_of(tmp_path, args)
@@ -126,9 +134,11 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     net = dqn.QNetwork(env.observation_space, env.action_space)
     net.load_state_dict(torch.load(run / "model.pt", weights_only=True))
     assert net(torch.zeros(3, 4)).shape == (3, 2)
+    trained = networks[0].state_dict()  # model.pt holds the trained network's final weights
+    assert all(torch.equal(value, trained[key]) for key, value in net.state_dict().items())
     torch.manual_seed(args.seed)  # main's first draw from torch's generator is the Q-network's initialisation
     initial = dqn.QNetwork(env.observation_space, env.action_space)
-    assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # saved after training, not before
+    assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # which training changed
 
 
 def test_pong_smoke_run(tmp_path, monkeypatch):
