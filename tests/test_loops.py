@@ -78,7 +78,7 @@ def spy_steps(monkeypatch) -> list[SimpleNamespace]:
     def spy(self, obs, action, reward, next_obs, terminated, truncated, info):
         transitions, finished = record(self, obs, action, reward, next_obs, terminated, truncated, info)
         steps.append(SimpleNamespace(obs=np.array(obs), action=np.array(action), reward=np.array(reward),
-                                     terminated=np.array(terminated), transitions=transitions.clone()))
+                                     transitions=transitions.clone()))
         return transitions, finished
 
     monkeypatch.setattr(TransitionRecorder, "record", spy)
@@ -157,42 +157,46 @@ def test_crossed_over_any_step_increments_counts_each_multiple_once(every, start
 # ---- lambda_returns, the DDPG critic's target -----------------------------------------------------------
 
 
-def slices(draw_lists, batch: int, length: int):
-    values = torch.tensor(draw_lists, dtype=torch.float32).view(4, batch, length)
-    reward, discount, next_value, ended = values[0], values[1].abs().clamp(max=1.0), values[2], values[3] > 0.5
-    return reward, discount, ended, next_value
+@st.composite
+def slices(draw) -> tuple[torch.Tensor, ...]:
+    """[B, L] slices of consecutive steps: rewards and target values in [-10, 10], discounts in [0, 1], episode
+    ends anywhere."""
+    batch, length = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+
+    def tensor(elements, dtype=torch.float32) -> torch.Tensor:
+        values = draw(st.lists(elements, min_size=batch * length, max_size=batch * length))
+        return torch.tensor(values, dtype=dtype).view(batch, length)
+
+    floats = st.floats(-10, 10, width=32)
+    return tensor(floats), tensor(st.floats(0, 1, width=32)), tensor(st.booleans(), torch.bool), tensor(floats)
 
 
 @settings(max_examples=100, deadline=None)
-@given(batch=st.integers(1, 4), length=st.integers(1, 6), data=st.data())
-def test_lambda_returns_with_lambda_0_is_the_one_step_target(batch, length, data):
+@given(slices())
+def test_lambda_returns_with_lambda_0_is_the_one_step_target(data):
     """lam = 0: every step's target is r + d V(next_obs) exactly, whatever the episode ends in the slice."""
-    floats = st.floats(-10, 10, allow_nan=False, width=32)
-    reward, discount, ended, next_value = slices(data.draw(st.lists(floats, min_size=4 * batch * length,
-                                                                    max_size=4 * batch * length)), batch, length)
+    reward, discount, ended, next_value = data
     target = ALGOS["ddpg"].lambda_returns(reward, discount, ended, next_value, 0.0)
     assert torch.equal(target, reward + discount * next_value)
 
 
 @settings(max_examples=100, deadline=None)
-@given(batch=st.integers(1, 4), length=st.integers(1, 6), data=st.data())
-def test_lambda_returns_with_lambda_1_sums_rewards_to_the_episode_or_slice_end(batch, length, data):
+@given(slices())
+def test_lambda_returns_with_lambda_1_sums_rewards_to_the_episode_or_slice_end(data):
     """lam = 1: the discounted sum of rewards from t to the first episode end (terminated or truncated) or the
     slice's last step, whichever comes first, plus the discounted target value after that step."""
-    floats = st.floats(-10, 10, allow_nan=False, width=32)
-    reward, discount, ended, next_value = slices(data.draw(st.lists(floats, min_size=4 * batch * length,
-                                                                    max_size=4 * batch * length)), batch, length)
+    reward, discount, ended, next_value = data
     target = ALGOS["ddpg"].lambda_returns(reward, discount, ended, next_value, 1.0)
-    r, d, v = reward.double(), discount.double(), next_value.double()
+    batch, length = reward.shape
     for b in range(batch):
         for t in range(length):
             last = next((k for k in range(t, length) if ended[b, k]), length - 1)
             expected, scale = 0.0, 1.0
             for k in range(t, last + 1):
-                expected += scale * r[b, k]
-                scale *= d[b, k]
-            expected += scale * v[b, last]
-            assert math.isclose(target[b, t].item(), float(expected), rel_tol=1e-5, abs_tol=1e-4)
+                expected += scale * float(reward[b, k])
+                scale *= float(discount[b, k])
+            expected += scale * float(next_value[b, last])
+            assert math.isclose(target[b, t].item(), expected, rel_tol=1e-5, abs_tol=1e-4)
 
 
 # ---- DQN: exploration ------------------------------------------------------------------------------------
