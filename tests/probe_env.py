@@ -6,8 +6,8 @@ checkable from its own row. Episodes last 1-8 steps and end by termination or tr
 random (drawn from `np_random`, so seeding works). Importing this module registers "Probe-v0",
 which makes `make_vector_env("tests.probe_env:Probe-v0")` work.
 
-Two more probes: "Lengths-v0" (episode length set by the sub-env's index) and "Image-v0"
-(channels-last uint8 images whose pixels say where they are).
+More probes: "Lengths-v0" (episode length set by the sub-env's index), "Image-v0" (channels-last
+uint8 images whose pixels say where they are) and "ContinuousProbe-v0" (ProbeEnv with Box actions).
 """
 
 from __future__ import annotations
@@ -106,3 +106,21 @@ class ImageEnv(gym.Env[np.ndarray, np.int64]):
 
 gym.register(id="Lengths-v0", entry_point=LengthsEnv)
 gym.register(id="Image-v0", entry_point=ImageEnv)
+
+
+class ContinuousProbeEnv(ProbeEnv):
+    """ProbeEnv with continuous actions: the same observations (instance, episode, t), rewards (t after
+    the step) and random episode ends (1-8 steps, terminated or truncated), and a Box action space
+    x in [-2, 2], y in [0, 1] (asymmetric, so that a centred or symmetric bound is wrong). Actions are
+    not checked, so a test can see one outside the box instead of an error from inside the env.
+    """
+
+    action_space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+
+    def step(self, action: np.ndarray):
+        self.t += 1
+        end = self.t == self.length
+        return self._obs(), float(self.t), end and not self.truncates, end and self.truncates, {}
+
+
+gym.register(id="ContinuousProbe-v0", entry_point=ContinuousProbeEnv)

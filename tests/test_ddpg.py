@@ -45,10 +45,11 @@ def check_run_dir(run_dir: Path, env_id: str) -> dict:
     assert all("global_step" in m for m in metrics)
     losses = [m for m in metrics if "losses/qf_loss" in m]
     assert losses and all(np.isfinite(m["losses/qf_loss"]) and np.isfinite(m["losses/actor_loss"]) for m in losses)
-    assert any("eval/episodic_return" in m for m in metrics)
+    evaluations = [m["eval/episodic_return"] for m in metrics if "eval/episodic_return" in m]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["global_step"] == 300 and summary["eval_episodes"] == 2
-    assert np.isfinite(summary["eval_return_mean"])
+    assert summary["global_step"] == 300 and summary["eval_episodes"] == 2 == len(summary["eval_returns"])
+    # the final evaluation is the one logged last, and the summary's mean is its returns' mean
+    assert evaluations[-1] == pytest.approx(summary["eval_return_mean"]) == np.mean(summary["eval_returns"])
     state = torch.load(run_dir / "model.pt", weights_only=True)
     env = gym.make(env_id)
     actor = ddpg.Actor(env.observation_space, env.action_space)
@@ -212,8 +213,17 @@ def test_bad_arguments_are_refused(tmp_path, monkeypatch):
 
 
 def test_configs_load():
-    for path in sorted((ROOT / "configs" / "ddpg").glob("*.yaml")):
-        assert ddpg.parse_args(["--config", str(path)]).env in ("Pendulum-v1", "HalfCheetah-v5", "Hopper-v5")
+    """Each config names its file's env and every value in it reaches the parsed arguments."""
+    import yaml
+
+    envs = {"pendulum": "Pendulum-v1", "halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5"}
+    paths = sorted((ROOT / "configs" / "ddpg").glob("*.yaml"))
+    assert sorted(p.stem for p in paths) == sorted(envs)
+    for path in paths:
+        args = ddpg.parse_args(["--config", str(path)])
+        values = yaml.safe_load(path.read_text())
+        assert values.pop("algo") == "ddpg" and args.env == envs[path.stem]
+        assert {key: getattr(args, key) for key in values} == values
 
 
 @pytest.mark.learning

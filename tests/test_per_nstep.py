@@ -28,7 +28,10 @@ def test_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatch, algo, 
     summary = algo.main(args)
     run = run_dir_of(tmp_path, args)
     assert {p.name for p in run.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "model.pt"}
-    assert summary["updates"] > 0 and summary["eval_episodes"] == args.eval_episodes
+    # One gradient step per multiple of train_frequency after learning_starts; 2 envs reach learning_starts exactly.
+    every, start = args.train_frequency, args.learning_starts
+    assert summary["updates"] == sum(1 for step in range(start + 1, args.total_timesteps + 1) if step % every == 0)
+    assert summary["eval_episodes"] == args.eval_episodes
     assert "losses/td_loss" in (run / "metrics.jsonl").read_text()
 
 
@@ -100,16 +103,18 @@ def test_per_writes_back_priorities_of_the_sampled_indices_and_anneals_beta_to_o
     kinds = [c[0] for c in calls]
     assert kinds == ["sample", "update", "stored"] * summary["updates"] and summary["updates"] > 50
     for (_, sampled), (_, index, priority), (_, stored) in zip(calls[::3], calls[1::3], calls[2::3], strict=True):
-        assert torch.equal(sampled, index)
-        assert (priority >= 0).all()
+        assert torch.equal(sampled, index)  # test_loops.py checks that the priorities are the batch's |TD errors|
         # Stored as (|p| + eps) ** alpha; duplicates in a batch keep their last value.
         last = {int(i): float(p) for i, p in zip(index, priority, strict=True)}
         expected = torch.tensor([(last[int(i)] + 1e-3) ** 0.7 for i in index], dtype=torch.float64)
         assert torch.allclose(stored, expected)
     assert buffers[-1].beta == 1.0
-    betas = [r["charts/beta"] for r in map(json.loads, (run_dir_of(tmp_path, args) / "metrics.jsonl").open())
-             if "charts/beta" in r]
-    assert betas == sorted(betas) and betas[0] < betas[-1] <= 1.0
+    logged = [(r["global_step"], r["charts/beta"]) for r in map(json.loads, (run_dir_of(tmp_path, args) /
+                                                                             "metrics.jsonl").open())
+              if "charts/beta" in r]
+    assert len(logged) == summary["updates"] // 100  # logged every 100 updates
+    for step, beta in logged:  # beta_start 0.4 at step 0 to 1 at total_timesteps 600, on a straight line
+        assert beta == pytest.approx(0.4 + 0.6 * step / 600)
 
 
 def test_nstep_with_n_1_gives_dqn_targets():
@@ -136,6 +141,17 @@ def test_nstep_target_uses_the_stored_discount():
         assert torch.allclose(nstep_dqn.td_target(net, batch), batch["reward"] + batch["discount"] * best)
 
 
+def fresh_evaluation(algo, run_dir, seed: int) -> list[float]:
+    """Returns of 20 greedy episodes of the saved Q-network on CartPole envs seeded from `seed`."""
+    from envs import evaluate
+
+    env = gym.make("CartPole-v1")
+    net = algo.QNetwork(env.observation_space, env.action_space)
+    net.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
+    with torch.no_grad():
+        return evaluate("CartPole-v1", lambda obs: net(torch.as_tensor(obs)).argmax(1).numpy(), 20, seed=seed)
+
+
 @pytest.mark.learning
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("algo", [per_dqn, nstep_dqn], ids=["per_dqn", "nstep_dqn"])
@@ -143,12 +159,17 @@ def test_solves_cartpole(tmp_path, monkeypatch, algo, seed):
     """configs/<algo>/cartpole.yaml reaches a mean evaluation return >= 475 within 100k steps.
 
     Evaluations (10 greedy episodes) every 5000 steps; training stops at the first that reaches
-    475, and the run's final evaluation of that policy must reach it too.
+    475 (the run's final evaluation replays that one). Being the best of up to 20 tries, it is
+    checked again on 20 episodes of envs never evaluated on (seed + 50000): they must average
+    >= 400 (seen: per_dqn 500, 500, 500; nstep_dqn 438, 482, 481 for seeds 1, 2, 3).
     """
     monkeypatch.chdir(tmp_path)
     name = algo.Args().exp_name
     args = algo.parse_args(["--config", str(ROOT / f"configs/{name}/cartpole.yaml"), "--seed", str(seed)])
-    args = dataclasses.replace(args, cuda=False, run_name=f"learn{seed}", eval_frequency=5000, stop_return=475.0)
+    args = dataclasses.replace(args, cuda=False, run_name=f"learn{seed}", eval_frequency=5000, stop_return=475.0,
+                               save_model=True)
     assert args.total_timesteps <= 100_000
     summary = algo.main(args)
     assert summary["global_step"] <= 100_000 and summary["eval_return_mean"] >= 475, summary
+    fresh = fresh_evaluation(algo, run_dir_of(tmp_path, args), seed + 50_000)
+    assert sum(fresh) / len(fresh) >= 400, fresh
