@@ -135,9 +135,8 @@ def check_args(args: Args) -> None:
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not (0 < args.tau <= 1 and 0 <= args.gamma <= 1 and args.batch_size <= args.buffer_size
-            and args.updates_per_step > 0 and args.exploration_noise >= 0 and 0 < args.ou_theta <= 1):
-        fail("need 0 < tau <= 1, 0 <= gamma <= 1, batch_size <= buffer_size, updates_per_step > 0, "
-             "exploration_noise >= 0 and 0 < ou_theta <= 1")
+            and args.updates_per_step > 0 and 0 < args.ou_theta <= 1):
+        fail("need tau in (0, 1], gamma in [0, 1], batch_size <= buffer_size, updates_per_step > 0, ou_theta in (0, 1]")
     if args.td_lambda is not None and not (0 <= args.td_lambda <= 1 and args.n_step == 1):
         fail(f"--td-lambda must be in [0, 1] and needs --n-step 1, got {args.td_lambda} and {args.n_step}")
 
@@ -281,14 +280,14 @@ def main(args: Args) -> dict:
     capturable = args.cudagraphs and device.type == "cuda"
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
     qf_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
-    obs_norm = RunningMeanStd(obs_space.shape).to(device) if args.normalize_obs else nn.Identity()
+    obs_norm = RunningMeanStd(obs_space.shape, enabled=args.normalize_obs).to(device)
     rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed)
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
     recorder = TransitionRecorder(args.num_envs)
     noise = ExplorationNoise((args.num_envs, *action_space.shape), args.ou_theta,
                              args.exploration_noise * (action_space.high - action_space.low) / 2, args.seed)
     parts = dict(actor=actor, qf=qf, target_params=target_params, actor_optimizer=actor_optimizer,
-                 qf_optimizer=qf_optimizer, obs_norm=obs_norm, rb=rb, nstep=nstep, recorder=recorder, noise=noise)
+                 qf_optimizer=qf_optimizer, obs_norm=obs_norm, nstep=nstep, recorder=recorder, noise=noise)
 
     # Collect, store, learn. global_step counts environment steps over all envs; `credit` carries the
     # fraction of an update that updates_per_step left over, so 0.5 means one update every 2 steps.
@@ -299,6 +298,7 @@ def main(args: Args) -> dict:
             for name, part in parts.items():
                 part.load_state_dict(resumed[name])
             load_env_state(env, resumed["env"])  # exact for gymnasium's envs (continuous actions: no Atari)
+            rb.load_state_dict(resumed["rb"], copy=False)  # adopts the memory-mapped storage: no second copy
             generators(noise.rng, resumed["generators"])
         except (KeyError, ValueError, RuntimeError) as e:
             fail(f"cannot resume from {args.resume}: {e}")
@@ -348,6 +348,7 @@ def main(args: Args) -> dict:
     def checkpoint() -> None:  # everything the loop needs to continue bit for bit
         run.checkpoint({"algo": ALGO, "args": asdict(args), "counts": (global_step, updates, credit, recent),
                         "obs": torch.as_tensor(obs), "env": env_state(env), "generators": generators(noise.rng),
+                        "rb": rb.state_dict(),
                         **{name: part.state_dict() for name, part in parts.items()}})
 
     # SIGTERM (preemption) and Ctrl-C stop the run after the current step: the state saved is consistent.
@@ -357,8 +358,7 @@ def main(args: Args) -> dict:
     start, start_step, eval_time, returns, losses = time.time(), global_step, 0.0, [], {}
     try:
         while global_step < args.total_timesteps and not stop:
-            if args.normalize_obs:
-                obs_norm.update(torch.as_tensor(obs))
+            obs_norm.update(torch.as_tensor(obs))
             action = env.action_space.sample() if global_step < args.learning_starts else np.clip(
                 act(obs) + noise.sample(), action_space.low, action_space.high)
             next_obs, reward, terminated, truncated, info = env.step(action := action.astype(np.float32))

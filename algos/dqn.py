@@ -137,8 +137,7 @@ def check_args(args: Args) -> None:
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not (0 < args.tau <= 1 and 0 <= args.gamma <= 1 and args.batch_size <= args.buffer_size):
-        fail(f"need 0 < --tau <= 1, 0 <= --gamma <= 1 and --batch-size <= --buffer-size, got {args.tau}, "
-             f"{args.gamma}, {args.batch_size} and {args.buffer_size}")
+        fail(f"need tau in (0, 1], gamma in [0, 1] and batch_size <= buffer_size; got {args.tau}, {args.gamma}")
 
 
 def flags(values: dict) -> list[str]:
@@ -285,7 +284,7 @@ def main(args: Args) -> dict:
     rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=4 if is_atari(args.env) else 0)
     recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
     explore_rng = np.random.default_rng(args.seed)
-    parts = dict(q_network=q_network, target_params=target_params, optimizer=optimizer, rb=rb, recorder=recorder)
+    parts = dict(q_network=q_network, target_params=target_params, optimizer=optimizer, recorder=recorder)
 
     # Collect, store, learn. global_step counts environment steps over all envs.
     obs, _ = env.reset(seed=args.seed)
@@ -296,6 +295,7 @@ def main(args: Args) -> dict:
             for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
                 if games is None or name not in ("recorder", "nstep"):
                     part.load_state_dict(resumed[name])
+            rb.load_state_dict(resumed["rb"], copy=False)  # adopts the memory-mapped storage: no second copy
             generators(explore_rng, resumed["generators"])
         except (KeyError, ValueError, RuntimeError) as e:
             fail(f"cannot resume from {args.resume}: {e}")
@@ -335,6 +335,7 @@ def main(args: Args) -> dict:
     def checkpoint() -> None:  # everything the loop needs to continue bit for bit
         run.checkpoint({"algo": ALGO, "args": asdict(args), "counts": (global_step, updates, recent),
                         "obs": torch.as_tensor(obs), "env": env_state(env), "generators": generators(explore_rng),
+                        "rb": rb.state_dict(),
                         **{name: part.state_dict() for name, part in parts.items()}})
 
     # SIGTERM (preemption) and Ctrl-C stop the run after the current step: the state saved is consistent.

@@ -7,17 +7,20 @@ import torch.nn as nn
 class RunningMeanStd(nn.Module):
     """Observations scaled by the running mean and variance of all those collected so far (Chan et al.'s
     parallel update). Replay keeps raw observations and batches pass through this when used, so every update
-    sees the latest statistics (as SB3's VecNormalize does)."""
+    sees the latest statistics (as SB3's VecNormalize does). With enabled=False it passes observations
+    through unchanged and ignores updates, so a caller needs no branch for the option."""
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, enabled: bool = True):
         super().__init__()
-        self.clip = clip
+        self.clip, self.enabled = clip, enabled
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))  # no 0/0 before the first batch
 
     @torch.no_grad()
     def update(self, obs: torch.Tensor) -> None:  # in place, so that CUDA graphs read the new statistics
+        if not self.enabled:
+            return
         obs = obs.to(self.mean.device, torch.float64)
         n, total, delta = obs.shape[0], self.count + obs.shape[0], obs.mean(0) - self.mean
         moments = self.var * self.count + obs.var(0, unbiased=False) * n + delta.square() * self.count * n / total
@@ -26,4 +29,6 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return obs
         return ((obs - self.mean.float()) / (self.var.float() + 1e-8).sqrt()).clamp(-self.clip, self.clip)
