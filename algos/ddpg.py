@@ -334,7 +334,7 @@ def main(args: Args) -> dict:
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
         update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
     def act(obs: np.ndarray) -> np.ndarray:
         return actor(obs_norm(torch.as_tensor(obs, device=device).float())).cpu().numpy()
 

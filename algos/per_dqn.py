@@ -324,7 +324,7 @@ def main(args: Args) -> dict:
     if args.cudagraphs and device.type == "cuda":
         update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
     def act(obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         explore = rng.random(len(obs)) < epsilon
         actions = rng.integers(env.single_action_space.n, size=len(obs))

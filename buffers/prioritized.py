@@ -266,8 +266,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._beta = float(value)
         self._neg_beta.fill_(-self._beta)
 
-    def _on_write(self, slots: torch.Tensor) -> None:
-        self._set_write_count(self.written + slots.numel())
+    def _on_write(self, index: torch.Tensor) -> None:
+        self._set_write_count(self.written + index.numel())
+        slots = index.remainder(self.capacity)
         self.tree.update(slots, self.max_priority.expand(slots.shape), self._full_rows)
 
     def _set_write_count(self, written: int) -> None:

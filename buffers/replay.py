@@ -36,6 +36,7 @@ class ReplayBuffer:
         self.device = torch.device(device)
         self.storage: TensorDict | None = None
         self._stored_layout: dict | None = None  # {key: (item shape, dtype)} of the storage
+        self._columns: dict | None = None  # {key: tensor} of the storage, for cheaper lookups than TensorDict's
         self.written = 0  # items written since creation; the next item's index
         self.generator = torch.Generator(device=self.device)
         if seed is None:
@@ -75,27 +76,28 @@ class ReplayBuffer:
             raise ValueError(f"batch of {size} items does not fit a buffer of capacity {self.capacity}")
         if self.frame_store is not None:
             positions = self.frame_store.check_positions(data, self.written + size - self.capacity)
-        if self.storage is None:
-            if size == 0:
-                return torch.empty(0, dtype=torch.int64, device=self.device)
+        items = list(data.items(True, True))
+        if self.storage is not None:
+            self._check_layout(items)  # an empty batch too
+        elif size > 0:
             self.storage = self._allocate(data)
             self._stored_layout = _layout(self.storage)
-        else:
-            self._check_layout(data)
+            self._columns = dict(self.storage.items(True, True))
         if size == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         index = torch.arange(self.written, self.written + size, device=self.device)
         start = self.written % self.capacity
         first = min(size, self.capacity - start)  # items before the ring wraps
-        for key, src in data.items(True, True):
-            dst = self.storage.get(key)
-            # Blocking unless the copy goes to the GPU: a non-blocking copy to the CPU may not
-            # have landed yet when copy_ below reads it.
-            src = src.to(self.device, non_blocking=self.device.type == "cuda")
-            dst[start : start + first].copy_(src[:first])
-            if first < size:
+        for key, src in items:
+            dst = self._columns[key]
+            if src.device != self.device:  # blocking unless to a GPU: a CPU copy_ must not read an unfinished one
+                src = src.to(self.device, non_blocking=self.device.type == "cuda")
+            if first == size:  # the usual case: no wrap, one copy
+                dst[start : start + size].copy_(src)
+            else:
+                dst[start:].copy_(src[:first])
                 dst[: size - first].copy_(src[first:])
-        self._on_write(index % self.capacity)
+        self._on_write(index)
         self.written += size
         if self.frame_store is not None:
             self._drop(self.frame_store.register(self.written - size, *positions))
@@ -111,9 +113,10 @@ class ReplayBuffer:
             device=self.device,
         )
 
-    def _check_layout(self, data: TensorDict) -> None:
-        """Raise, naming what differs, unless `data` has the stored keys, item shapes and dtypes."""
-        given = _layout(data)
+    def _check_layout(self, items: list) -> None:
+        """Raise, naming what differs, unless the batch's (key, tensor) `items` have the stored keys, item
+        shapes and dtypes."""
+        given = {key: (value.shape[1:], value.dtype) for key, value in items}
         if given == self._stored_layout:  # the common case: one pass over the batch, no lookups
             return
         stored = self._stored_layout
@@ -129,8 +132,8 @@ class ReplayBuffer:
                     f"the buffer stores {tuple(shape)} and {dtype}"
                 )
 
-    def _on_write(self, slots: torch.Tensor) -> None:
-        """Hook for subclasses that keep per-slot data (priorities)."""
+    def _on_write(self, index: torch.Tensor) -> None:
+        """Hook for subclasses that keep per-slot data (priorities): the indices just written."""
 
     def _drop(self, index: torch.Tensor) -> None:
         """Frame mode: live items (CPU indices) whose frames were overwritten; never sample them again.
@@ -239,6 +242,7 @@ class ReplayBuffer:
             storage = TensorDict(storage, batch_size=[self.capacity]).to(self.device)
         self.storage = storage.clone() if copy and storage is not None else storage
         self._stored_layout = None if self.storage is None else _layout(self.storage)
+        self._columns = None if self.storage is None else dict(self.storage.items(True, True))
         self.written = int(state["written"])
         self.generator.set_state(state["generator"])
 

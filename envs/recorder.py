@@ -20,6 +20,8 @@ class EpisodeStats:
         """Adds one step; returns (env index, return, length) per episode that ended, by env."""
         self.returns += reward
         self.lengths += 1
+        if not done.any():  # most steps: nothing to report or reset
+            return []
         finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(done)]
         self.returns[done] = 0.0
         self.lengths[done] = 0
@@ -92,19 +94,16 @@ class TransitionRecorder:
             for _, ret, length in self.stats.update(reward, done)
         ]
         stored_reward = np.clip(reward, -1.0, 1.0) if self.clip_reward else reward
-        stop = terminated | info.get("life_loss", False)
-        td = TensorDict(
-            {
-                "obs": _obs_tensor(obs),
-                "action": torch.as_tensor(action),
-                "reward": torch.as_tensor(stored_reward, dtype=torch.float32),
-                "next_obs": _obs_tensor(real_next_obs(next_obs, done, info)),
-                "terminated": torch.as_tensor(stop, dtype=torch.bool),
-                "truncated": torch.as_tensor(truncated, dtype=torch.bool),
-            },
-            batch_size=[self.num_envs],
-        )
-        return td, finished
+        stop = terminated | info["life_loss"] if "life_loss" in info else terminated
+        transitions = {
+            "obs": _obs_tensor(obs),
+            "action": torch.as_tensor(action),
+            "reward": torch.as_tensor(stored_reward, dtype=torch.float32),
+            "next_obs": _obs_tensor(real_next_obs(next_obs, done, info)),
+            "terminated": torch.as_tensor(stop, dtype=torch.bool),
+            "truncated": torch.as_tensor(truncated, dtype=torch.bool),
+        }
+        return _tensordict(transitions, self.num_envs), finished
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The episode statistics in progress (running returns and lengths per env)."""
@@ -119,3 +118,12 @@ def _obs_tensor(obs: np.ndarray) -> torch.Tensor:
     if obs.dtype == np.float64:
         obs = obs.astype(np.float32)
     return torch.from_numpy(np.ascontiguousarray(obs))
+
+
+def _tensordict(values: dict[str, torch.Tensor], size: int) -> TensorDict:
+    """TensorDict(values, [size]) for CPU tensors known to have that batch size; once per env step, so
+    TensorDict._new_unsafe (no checks: 3-5x cheaper) where this tensordict version has it."""
+    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+    if new_unsafe is None:
+        return TensorDict(values, batch_size=[size])
+    return new_unsafe(values, batch_size=torch.Size([size]))

@@ -31,6 +31,9 @@ def _tensor_bytes(x: torch.Tensor) -> tuple:
     return (str(x.dtype), tuple(x.shape), str(x.device.type), flat.view(torch.uint8).numpy().tobytes())
 
 
+IGNORED = ("_scratch", "_columns")
+
+
 def _state(value):
     if isinstance(value, torch.Tensor):
         return _tensor_bytes(value)
@@ -43,8 +46,9 @@ def _state(value):
     if isinstance(value, (list, tuple)):
         return type(value).__name__, [_state(v) for v in value]
     if hasattr(value, "__dict__") and not callable(value):
-        # `_scratch`: buffers reused between calls to save ops, declared to hold no state.
-        return type(value).__name__, {k: _state(v) for k, v in vars(value).items() if k != "_scratch"}
+        # `_scratch`: buffers reused between calls to save ops, declared to hold no state; `_columns`: the
+        # storage's own tensors by key (a lookup table, compared through `storage`).
+        return type(value).__name__, {k: _state(v) for k, v in vars(value).items() if k not in IGNORED}
     return value
 
 
@@ -54,8 +58,8 @@ def snapshot():
 
     Tensors and TensorDicts become their bytes (plus dtype, shape and device), generators their
     state, nested objects (the segment trees) their own attributes, except an attribute named
-    `_scratch` (reused memory that holds no state). Two snapshots are equal exactly when nothing
-    observable about the object changed.
+    `_scratch` (reused memory that holds no state) and `_columns` (views of `storage`). Two snapshots
+    are equal exactly when nothing observable about the object changed.
     """
     return _state
 
