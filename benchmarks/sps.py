@@ -1,104 +1,95 @@
-"""Environment steps per second of our DQN against Stable-Baselines3's, at the same hyper-parameters.
+"""End-to-end wall time of our training runs against Stable-Baselines3's, at the same hyper-parameters.
 
-    python benchmarks/sps.py                 # DQN on CartPole-v1, 100k steps each, then the table
-    python benchmarks/sps.py --steps 20000   # shorter
-    python benchmarks/sps.py --algo ddpg     # DDPG on Pendulum-v1 (benchmarks/sps_ddpg.py)
+    python benchmarks/sps.py                          # DQN, configs/dqn/cartpole.yaml, 100k steps, seeds 1 2 3
+    python benchmarks/sps.py --algo ddpg              # DDPG, configs/ddpg/pendulum.yaml, 20k steps
+    python benchmarks/sps.py --steps 30000 --seeds 1  # shorter
 
-Both run in this process, one after the other, on one torch thread, with the hyper-parameters of
-configs/dqn/cartpole.yaml (SB3's DQN uses the Huber loss, so ours does here too). The table has
-steps, wall time, steps/s and the final evaluation return (10 greedy episodes); the numbers go to
-benchmarks/results/sps.json. Requires the `bench` extra (stable-baselines3).
+Each run is a fresh process started from the shell and timed from start to exit: imports, start-up,
+any compilation, training and the final 10-episode evaluation all count. Ours is the script a user
+types (`python algos/dqn.py --config ...`), on one torch thread; SB3's is benchmarks/sb3_run.py with
+the same config values (SB3's DQN always uses the Huber loss, so ours runs with --loss huber here).
+The two libraries alternate, seed by seed, so machine load hits both alike. Requires the `bench`
+extra (stable-baselines3). Writes benchmarks/results/sps_<algo>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from tests.algo_utils import load_algo  # noqa: E402
+DEFAULTS = {"dqn": ("configs/dqn/cartpole.yaml", 100_000), "ddpg": ("configs/ddpg/pendulum.yaml", 20_000)}
 
 
-def ours_dqn(steps: int, seed: int) -> dict:
-    dqn = load_algo("dqn")
-    config = dqn.parse_args(["--config", str(ROOT / "configs/dqn/cartpole.yaml")])
-    args = dataclasses.replace(config, total_timesteps=steps, seed=seed, cuda=False, loss="huber",
-                               run_name=f"sps-dqn-{seed}-{int(time.time())}")
-    with tempfile.TemporaryDirectory() as tmp:
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            start = time.perf_counter()
-            summary = dqn.main(args)
-        finally:
-            os.chdir(cwd)
-    return {"lib": "ours", "steps": summary["global_step"], "train_s": summary["global_step"] / summary["train_sps"],
-            "total_s": time.perf_counter() - start, "return": summary["eval_return_mean"]}
-
-
-def sb3_dqn(steps: int, seed: int) -> dict:
-    import gymnasium as gym
-    from stable_baselines3 import DQN
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    dqn = load_algo("dqn")
-    c = dqn.parse_args(["--config", str(ROOT / "configs/dqn/cartpole.yaml")])
-    model = DQN(
-        "MlpPolicy", gym.make("CartPole-v1"), learning_rate=c.learning_rate, buffer_size=c.buffer_size,
-        learning_starts=c.learning_starts, batch_size=c.batch_size, tau=c.tau, gamma=c.gamma,
-        train_freq=c.train_frequency, gradient_steps=c.gradient_steps,
-        target_update_interval=c.target_network_frequency, exploration_fraction=c.exploration_fraction,
-        exploration_initial_eps=c.start_e, exploration_final_eps=c.end_e, max_grad_norm=c.max_grad_norm,
-        policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu", verbose=0,
-    )
+def timed(command: list[str], cwd: str) -> tuple[float, str]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    model.learn(total_timesteps=steps)
-    train_s = time.perf_counter() - start
-    returns, _ = evaluate_policy(model, gym.make("CartPole-v1"), n_eval_episodes=10, deterministic=True,
-                                 return_episode_rewards=True)
-    return {"lib": "sb3", "steps": steps, "train_s": train_s, "total_s": time.perf_counter() - start,
-            "return": float(np.mean(returns))}
+    out = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return wall, out.stdout
+
+
+def ours(algo: str, config: Path, steps: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = ["--loss", "huber"] if algo == "dqn" else []
+        wall, _ = timed([sys.executable, str(ROOT / "algos" / f"{algo}.py"), "--config", str(config), "--seed",
+                         str(seed), "--total-timesteps", str(steps), "--threads", "1", "--no-cuda", "--eval-episodes",
+                         "10", "--run-name", "sps", *flags], tmp)
+        summary = json.loads((Path(tmp) / "runs" / "sps" / "summary.json").read_text())
+    return {"lib": "ours", "seed": seed, "steps": summary["global_step"], "wall_s": wall,
+            "train_s": summary["global_step"] / summary["train_sps"], "eval_return": summary["eval_return_mean"]}
+
+
+def sb3(algo: str, config: Path, steps: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, stdout = timed([sys.executable, str(ROOT / "benchmarks" / "sb3_run.py"), algo, str(config), "--steps",
+                              str(steps), "--seed", str(seed)], tmp)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"lib": "sb3", "seed": seed, "steps": steps, "wall_s": wall, "train_s": result["learn_s"],
+            "eval_return": result["eval_return"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algo", choices=["dqn", "ddpg"], default="dqn")
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--algo", choices=list(DEFAULTS), default="dqn")
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--out", type=Path)
     options = parser.parse_args()
-    if options.algo == "ddpg":
-        from benchmarks import sps_ddpg
-
-        sys.argv = [sys.argv[0], "--steps", str(options.steps)]
-        return sps_ddpg.main()
-    torch.set_num_threads(1)
-    rows = [ours_dqn(options.steps, options.seed), sb3_dqn(options.steps, options.seed)]
-    for row in rows:
-        row["sps"] = row["steps"] / row["train_s"]
-    ratio = rows[0]["sps"] / rows[1]["sps"]
-    print(f"\nDQN on CartPole-v1, {options.steps} steps, seed {options.seed}, 1 torch thread")
-    print("| lib | steps | train wall (s) | steps/s | final eval return |\n| --- | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| {row['lib']} | {row['steps']} | {row['train_s']:.1f} | {row['sps']:.0f} | {row['return']:.1f} |")
-    print(f"\nsteps/s ratio ours / SB3: {ratio:.2f}x")
-    out = ROOT / "benchmarks/results/sps.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    config = options.config or ROOT / DEFAULTS[options.algo][0]
+    steps = options.steps or DEFAULTS[options.algo][1]
+    rows = []
+    for seed in options.seeds:
+        for run in (ours, sb3) if seed % 2 else (sb3, ours):  # alternate who goes first
+            rows.append(run(options.algo, config, steps, seed))
+            print(json.dumps(rows[-1]), flush=True)
+    median = {lib: {key: statistics.median(r[key] for r in rows if r["lib"] == lib)
+                    for key in ("wall_s", "train_s", "eval_return")} for lib in ("ours", "sb3")}
+    ratio = median["sb3"]["wall_s"] / median["ours"]["wall_s"]
+    print(f"\n{options.algo} on {config.name}, {steps} steps, seeds {options.seeds}, one torch thread; medians:")
+    print("| lib | wall time (s), start-up included | in-loop training (s) | steps/s end to end | final eval return |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for lib in ("ours", "sb3"):
+        wall, train, score = (median[lib][key] for key in ("wall_s", "train_s", "eval_return"))
+        print(f"| {lib} | {wall:.1f} | {train:.1f} | {steps / wall:.0f} | {score:.1f} |")
+    print(f"\nwall-time ratio SB3 / ours: {ratio:.2f}x")
+    out = options.out or ROOT / "benchmarks" / "results" / f"sps_{options.algo}.json"
     out.write_text(json.dumps({
-        "benchmark": "dqn-cartpole", "steps": options.steps, "seed": options.seed, "rows": rows,
-        "sps_ratio_ours_over_sb3": ratio, "torch": torch.__version__, "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "torch_threads": 1,
+        "benchmark": f"{options.algo} end-to-end wall time vs stable-baselines3", "config": str(config),
+        "steps": steps, "seeds": options.seeds, "rows": rows, "medians": median, "wall_ratio_sb3_over_ours": ratio,
+        "date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "torch_threads": 1,
     }, indent=2))
 
 
