@@ -46,7 +46,6 @@ class Args:
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     env: str = "CartPole-v1"  # the environment id (an Atari id without --config gets the Atari preset)
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
-    torch_deterministic: bool = True  # make cuDNN deterministic
     cuda: bool = True  # use CUDA when it is available
     threads: int = 1  # torch CPU threads (one is fastest for small networks; raise it for CNNs on a CPU)
     compile: bool = False  # torch.compile the update
@@ -62,6 +61,7 @@ class Args:
     total_timesteps: int = 100_000  # environment steps in all, summed over the parallel environments
     num_envs: int = 1  # parallel environments
     learning_rate: float = 2.3e-3  # Adam's learning rate
+    anneal_lr: bool = False  # decay the learning rate linearly to 0 at the end of training, so the final policy settles
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: float = 0.99  # discount factor
     tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
@@ -118,7 +118,7 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
     with torch.no_grad():
         target = td_target(target_network, batch, args.gamma)
     q = q_network(batch["obs"]).gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
-    loss = F.mse_loss(q, target) if args.loss == "mse" else F.smooth_l1_loss(q, target)
+    loss = (F.mse_loss if args.loss == "mse" else F.smooth_l1_loss)(q, target)
     return loss, q.detach()
 
 
@@ -259,7 +259,7 @@ def main(args: Args) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.deterministic = True
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     try:
@@ -279,8 +279,8 @@ def main(args: Args) -> dict:
     with torch.device("meta"):
         target_network = QNetwork(env.single_observation_space, env.single_action_space)
     target_params.to_module(target_network)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True,
-                                 capturable=args.cudagraphs and device.type == "cuda")
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device), fused=True,
+                                 capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
     rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=4 if is_atari(args.env) else 0)
     recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
     explore_rng = np.random.default_rng(args.seed)
@@ -357,6 +357,8 @@ def main(args: Args) -> dict:
                 run.log(global_step, {f"charts/{k}": v for k, v in episode.items()} | {"charts/epsilon": epsilon})
 
             if global_step > args.learning_starts and len(rb) >= args.batch_size:
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1 - global_step / args.total_timesteps))
                 for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
                     metrics = update(rb.sample(args.batch_size))
                     updates += 1

@@ -30,8 +30,7 @@ from buffers import NStepReturns, PrioritizedReplayBuffer
 from envs import TransitionRecorder, check_video, env_state, evaluate, is_atari, load_env_state, make_vector_env
 
 ALGO = Path(__file__).stem
-# Atari ids without --config: Lapan's fast Pong settings ("Deep RL Hands-On", 2nd ed., ch. 8) and PER alpha/beta, with
-# Rainbow's n = 3 and evaluation epsilon of 0.001 (Hessel et al. 2018).
+# Atari without --config: Lapan's fast Pong settings (Deep RL Hands-On, ch. 8) + PER, Rainbow's n = 3 and eval epsilon
 ATARI_PRESET = dict(total_timesteps=1_000_000, learning_rate=1e-4, buffer_size=100_000, batch_size=32,
                     learning_starts=10_000, train_frequency=1, gradient_steps=1, target_network_frequency=1000,
                     start_e=1.0, end_e=0.02, exploration_fraction=0.1, loss="mse", eval_epsilon=0.001,
@@ -46,7 +45,6 @@ class Args:
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     env: str = "CartPole-v1"  # the environment id (an Atari id without --config gets the Atari preset)
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
-    torch_deterministic: bool = True  # make cuDNN deterministic
     cuda: bool = True  # use CUDA when it is available
     threads: int = 1  # torch CPU threads (one is fastest for small networks; raise it for CNNs on a CPU)
     compile: bool = False  # torch.compile the update
@@ -62,6 +60,7 @@ class Args:
     total_timesteps: int = 100_000  # environment steps in all, summed over the parallel environments
     num_envs: int = 1  # parallel environments
     learning_rate: float = 2.3e-3  # Adam's learning rate
+    anneal_lr: bool = False  # decay the learning rate linearly to 0 at the end of training, so the final policy settles
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: float = 0.99  # discount factor
     tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
@@ -122,8 +121,7 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
     with torch.no_grad():
         target = td_target(target_network, batch)
     q = q_network(batch["obs"]).gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
-    loss = F.mse_loss(q, target, reduction="none") if args.loss == "mse" else \
-        F.smooth_l1_loss(q, target, reduction="none")
+    loss = (F.mse_loss if args.loss == "mse" else F.smooth_l1_loss)(q, target, reduction="none")
     return (batch["weight"] * loss).mean(), q.detach(), (q - target).detach()
 
 
@@ -266,7 +264,7 @@ def main(args: Args) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.deterministic = True
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     try:
@@ -286,8 +284,8 @@ def main(args: Args) -> dict:
     with torch.device("meta"):
         target_network = QNetwork(env.single_observation_space, env.single_action_space)
     target_params.to_module(target_network)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True,
-                                 capturable=args.cudagraphs and device.type == "cuda")
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device), fused=True,
+                                 capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
     rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed,
                                  frame_stack=4 if is_atari(args.env) else 0)
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
@@ -367,6 +365,8 @@ def main(args: Args) -> dict:
 
             if global_step > args.learning_starts and len(rb) >= args.batch_size:
                 rb.beta = args.beta_start + min(1.0, global_step / args.total_timesteps) * (1.0 - args.beta_start)
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1 - global_step / args.total_timesteps))
                 for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
                     metrics = update(batch := rb.sample(args.batch_size))
                     rb.update_priority(batch["index"], metrics["abs_td_error"])
