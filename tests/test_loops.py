@@ -713,3 +713,26 @@ def test_flags_and_configs_override_the_atari_preset(tmp_path, capsys, name):
 
 def test_every_pong_config_is_checked():
     assert sorted(p.parent.name for p in Path(ROOT, "configs").glob("*/pong.yaml")) == sorted(DQNS)
+
+
+@pytest.mark.parametrize("name", DQNS)
+def test_anneal_lr_decays_the_learning_rate_linearly_to_zero(monkeypatch, name):
+    """With --anneal-lr every optimizer step at environment step s uses lr * (1 - s / total_timesteps); without
+    it, lr throughout. One update per step here, so the k-th step's lr is known by counting."""
+    seen = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        seen.append(float(self.param_groups[0]["lr"]))
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    for anneal in (True, False):
+        seen.clear()
+        summary = ALGOS[name].main(args_for(name, anneal_lr=anneal, learning_rate=1e-3, total_timesteps=300,
+                                            learning_starts=100, train_frequency=1, gradient_steps=1,
+                                            run_name=f"lr-{anneal}"))
+        steps = range(101, 301)
+        assert summary["updates"] == len(seen) == len(steps)
+        expected = [1e-3 * (1 - s / 300) if anneal else 1e-3 for s in steps]
+        np.testing.assert_allclose(seen, expected, rtol=1e-6, atol=1e-9)
