@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -128,7 +127,6 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     assert (run / "videos" / "eval-episode-0.mp4").stat().st_size > 1000
 
     # The saved weights rebuild the network a user would construct from the env's spaces.
-    import gymnasium as gym
 
     env = gym.make("CartPole-v1")
     net = dqn.QNetwork(env.observation_space, env.action_space)
@@ -190,7 +188,6 @@ def test_track_writes_an_offline_wandb_run_with_the_metrics(tmp_path, monkeypatc
 
 
 def test_td_target_bootstraps_except_after_termination():
-    import gymnasium as gym
     from tensordict import TensorDict
 
     env = gym.make("CartPole-v1")
@@ -202,36 +199,3 @@ def test_td_target_bootstraps_except_after_termination():
         best = net(next_obs).max(dim=1).values
         target = dqn.td_target(net, batch, 0.9)
     assert torch.allclose(target, torch.tensor([1 + 0.9 * best[0], 2.0, 3 + 0.9 * best[2], 4.0]))
-
-
-def fresh_evaluation(algo, run_dir, seed: int) -> list[float]:
-    """Returns of 20 greedy episodes of the saved Q-network on CartPole envs seeded from `seed`."""
-    from envs import evaluate
-
-    env = gym.make("CartPole-v1")
-    net = algo.QNetwork(env.observation_space, env.action_space)
-    net.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
-    with torch.no_grad():
-        return evaluate("CartPole-v1", lambda obs: net(torch.as_tensor(obs)).argmax(1).numpy(), 20, seed=seed)
-
-
-@pytest.mark.learning
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_dqn_solves_cartpole(tmp_path, monkeypatch, seed):
-    """DQN with configs/dqn/cartpole.yaml reaches a mean evaluation return >= 475 within 100k steps.
-
-    Evaluations (10 episodes, greedy) run every 5000 steps; training stops at the first that
-    reaches 475 (the run's final evaluation replays that one: same envs, same network). Being the
-    best of up to 20 tries, it is checked again on 20 episodes of envs never evaluated on (seed +
-    50000): they must average >= 400 (seen on the 9 CartPole learning runs, 3 per DQN file:
-    438 to 500; the policy that stopped at 500 with seed 2 averages 476 there).
-    """
-    monkeypatch.chdir(tmp_path)
-    args = dqn.parse_args(["--config", str(ROOT / "configs/dqn/cartpole.yaml"), "--seed", str(seed)])
-    args = dataclasses.replace(args, cuda=False, run_name=f"learn{seed}", eval_frequency=5000, stop_return=475.0,
-                               save_model=True)
-    assert args.total_timesteps <= 100_000
-    summary = dqn.main(args)
-    assert summary["global_step"] <= 100_000 and summary["eval_return_mean"] >= 475, summary
-    fresh = fresh_evaluation(dqn, run_dir_of(tmp_path, args), seed + 50_000)
-    assert sum(fresh) / len(fresh) >= 400, fresh
