@@ -1,6 +1,7 @@
 """DDPG: a deterministic actor climbs the gradient of a Q(s, a) critic learned off-policy from replay.
 
 Lillicrap et al. 2016, "Continuous control with deep reinforcement learning", ICLR (arXiv:1509.02971).
+
 Usage: python algos/ddpg.py   |   python algos/ddpg.py --config configs/ddpg/halfcheetah.yaml --track
 """
 

@@ -1,7 +1,9 @@
 """DQN: Q-learning from a replay buffer, with a target network that trails the Q-network.
 
 Mnih et al. 2015, "Human-level control through deep reinforcement learning", Nature 518:529.
+
 Usage: python algos/dqn.py   |   python algos/dqn.py --env PongNoFrameskip-v4   |   python algos/dqn.py --help
+
 An Atari id without --config trains with ATARI_PRESET (printed at the start); --config and flags override it.
 """
 

@@ -1,7 +1,9 @@
 """n-step DQN: DQN whose targets sum n rewards before bootstrapping from the target network.
 
 Sutton 1988 (n-step TD); Hessel et al. 2018, "Rainbow", AAAI (n-step targets for DQN).
+
 Usage: python algos/nstep_dqn.py --n-step 3   |   python algos/nstep_dqn.py --env PongNoFrameskip-v4
+
 An Atari id without --config trains with ATARI_PRESET (printed at the start); --config and flags override it.
 """
 

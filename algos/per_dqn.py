@@ -1,7 +1,9 @@
 """PER-DQN: DQN that replays transitions in proportion to their last |TD error| (proportional variant).
 
 Schaul et al. 2016, "Prioritized Experience Replay", ICLR; with --n-step N, Rainbow-style n-step targets.
+
 Usage: python algos/per_dqn.py   |   python algos/per_dqn.py --env PongNoFrameskip-v4 --n-step 3
+
 An Atari id without --config trains with ATARI_PRESET (printed at the start); --config and flags override it.
 """
 
