@@ -37,7 +37,7 @@ ALGO = Path(__file__).stem
 ATARI_PRESET = dict(total_timesteps=10_000_000, learning_rate=1e-4, buffer_size=1_000_000, batch_size=32,
                     learning_starts=80_000, train_frequency=4, gradient_steps=1, target_network_frequency=1000,
                     start_e=1.0, end_e=0.01, exploration_fraction=0.1, loss="huber", eval_epsilon=0.05,
-                    eval_frequency=250_000, checkpoint_frequency=500_000)
+                    eval_frequency=250_000, checkpoint_frequency=500_000, anneal_lr=False)
 
 
 @dataclass
@@ -62,22 +62,22 @@ class Args:
 
     total_timesteps: int = 100_000  # environment steps in all, summed over the parallel environments
     num_envs: int = 1  # parallel environments
-    learning_rate: float = 2.3e-3  # Adam's learning rate
-    anneal_lr: bool = False  # decay the learning rate linearly to 0 at the end of training, so the final policy settles
+    learning_rate: float = 1e-3  # Adam's learning rate
+    anneal_lr: bool = True  # decay the learning rate linearly to 0 at the end of training, so the final policy settles
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: float = 0.99  # discount factor
     tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
-    target_network_frequency: int = 10  # environment steps between target updates
+    target_network_frequency: int = 250  # environment steps between target updates
     batch_size: int = 64  # transitions per gradient step
     start_e: float = 1.0  # exploration epsilon at the start
-    end_e: float = 0.04  # exploration epsilon at the end of the schedule
-    exploration_fraction: float = 0.16  # fraction of total_timesteps over which epsilon falls from start_e to end_e
+    end_e: float = 0.02  # exploration epsilon at the end of the schedule
+    exploration_fraction: float = 0.1  # fraction of total_timesteps over which epsilon falls from start_e to end_e
     learning_starts: int = 1000  # environment steps of experience before learning starts
-    train_frequency: int = 256  # environment steps between training rounds
-    gradient_steps: int = 128  # gradient steps in each training round
-    loss: Literal["mse", "huber"] = "mse"  # TD loss: squared error or Huber (smooth L1)
+    train_frequency: int = 4  # environment steps between training rounds
+    gradient_steps: int = 1  # gradient steps in each training round
+    loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
     max_grad_norm: float = 10.0  # clip the gradient to this global norm
-    eval_frequency: int = 0  # environment steps between evaluations during training (0: only the final one)
+    eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
     eval_episodes: int = 10  # episodes per evaluation
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
     stop_return: float | None = None  # stop once an evaluation's mean return reaches this (needs eval_frequency)

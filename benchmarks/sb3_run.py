@@ -40,7 +40,9 @@ def main() -> None:
     if options.algo == "dqn":
         from stable_baselines3 import DQN
 
-        model = DQN("MlpPolicy", env, learning_rate=float(c["learning_rate"]), buffer_size=c["buffer_size"],
+        lr = float(c["learning_rate"])  # anneal_lr: linear to 0, as ours (SB3 passes the fraction of steps left)
+        schedule = (lambda left: lr * left) if c.get("anneal_lr") else lr
+        model = DQN("MlpPolicy", env, learning_rate=schedule, buffer_size=c["buffer_size"],
                     learning_starts=c["learning_starts"], batch_size=c["batch_size"], tau=c.get("tau", 1.0),
                     gamma=c["gamma"], train_freq=c["train_frequency"], gradient_steps=c["gradient_steps"],
                     target_update_interval=c["target_network_frequency"],

@@ -7,7 +7,8 @@
 Each run is a fresh process started from the shell and timed from start to exit: imports, start-up,
 any compilation, training and the final 10-episode evaluation all count. Ours is the script a user
 types (`python algos/dqn.py --config ...`), on one torch thread; SB3's is benchmarks/sb3_run.py with
-the same config values (SB3's DQN always uses the Huber loss, so ours runs with --loss huber here).
+the same config values (SB3's DQN always uses the Huber loss, so ours runs with --loss huber here;
+SB3's run evaluates only at the end, so ours runs with --eval-frequency 0).
 The two libraries alternate, seed by seed, so machine load hits both alike. Requires the `bench`
 extra (stable-baselines3). Writes benchmarks/results/sps_<algo>.json.
 """
@@ -44,7 +45,7 @@ def ours(algo: str, config: Path, steps: int, seed: int) -> dict:
         flags = ["--loss", "huber"] if algo == "dqn" else []
         wall, _ = timed([sys.executable, str(ROOT / "algos" / f"{algo}.py"), "--config", str(config), "--seed",
                          str(seed), "--total-timesteps", str(steps), "--threads", "1", "--no-cuda", "--eval-episodes",
-                         "10", "--run-name", "sps", *flags], tmp)
+                         "10", "--eval-frequency", "0", "--run-name", "sps", *flags], tmp)
         summary = json.loads((Path(tmp) / "runs" / "sps" / "summary.json").read_text())
     return {"lib": "ours", "seed": seed, "steps": summary["global_step"], "wall_s": wall,
             "train_s": summary["global_step"] / summary["train_sps"], "eval_return": summary["eval_return_mean"]}
