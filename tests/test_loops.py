@@ -711,6 +711,16 @@ def test_flags_and_configs_override_the_atari_preset(tmp_path, capsys, name):
     assert "preset" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name, config", [(name, "cartpole") for name in DQNS] + [("ddpg", "pendulum")])
+def test_the_defaults_are_the_learning_tested_config(name, config):
+    """`python algos/<algo>.py` with no flags runs its CartPole (DDPG: Pendulum) config, the one the learning
+    tests and benchmarks/results.md measure. Fails if a default drifts from the config."""
+    algo = ALGOS[name]
+    defaults = algo.parse_args([])
+    from_config = algo.parse_args(["--config", str(ROOT / "configs" / name / f"{config}.yaml")])
+    assert dataclasses.replace(from_config, config=None) == defaults
+
+
 def test_every_pong_config_is_checked():
     assert sorted(p.parent.name for p in Path(ROOT, "configs").glob("*/pong.yaml")) == sorted(DQNS)
 
