@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # each test starts Python processes that train for a few seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
     "dqn": ["--env", "CartPole-v1", "--total-timesteps", "300", "--learning-starts", "100", "--train-frequency", "1",

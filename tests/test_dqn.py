@@ -139,6 +139,7 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # which training changed
 
 
+@pytest.mark.slow
 def test_pong_smoke_run(tmp_path, monkeypatch):
     """The Atari path runs end to end: image observations, the CNN, gradient steps, and a final evaluation
     of one whole game: it ends when a side has 21 points, and its return is the score difference."""

@@ -19,7 +19,7 @@ nstep_dqn = load_algo("nstep_dqn")
 
 
 @pytest.mark.parametrize("algo", [per_dqn, nstep_dqn], ids=["per_dqn", "nstep_dqn"])
-@pytest.mark.parametrize("env", ["CartPole-v1", "PongNoFrameskip-v4"])
+@pytest.mark.parametrize("env", ["CartPole-v1", pytest.param("PongNoFrameskip-v4", marks=pytest.mark.slow)])
 def test_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatch, algo, env):
     monkeypatch.chdir(tmp_path)
     pong = dict(total_timesteps=240, learning_starts=80, buffer_size=300, batch_size=8, train_frequency=1,

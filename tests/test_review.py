@@ -70,6 +70,7 @@ def test_losses_are_logged_every_100_updates_whatever_the_training_rounds(tmp_pa
     assert steps == [256 * (1 + (u - 1) // 128) for u in range(100, 8 * 128 + 1, 100)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dqn", "per_dqn", "nstep_dqn"])
 def test_the_atari_preset_trains_a_few_hundred_steps_on_the_cpu(tmp_path, monkeypatch, capsys, name):
     """`python algos/<name>.py --env PongNoFrameskip-v4` with a small budget: the preset is announced, frames are

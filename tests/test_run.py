@@ -198,6 +198,7 @@ def test_last_global_step_reads_a_file_still_being_written(tmp_path):
 
 # ---------------------------------------------------------------- launching
 
+@pytest.mark.slow
 def test_launch_runs_every_seed_and_prints_the_table(tmp_path):
     config = write_config(tmp_path / "tiny.yaml", TINY)
     result = launcher(config, "--seeds", "1", "2", "--jobs", "2", "--runs-dir", tmp_path / "runs")
@@ -214,6 +215,7 @@ def test_launch_runs_every_seed_and_prints_the_table(tmp_path):
         assert f"run runs/{name} on cpu" in (tmp_path / "runs" / launch_id / "logs" / f"{name}.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_reported_and_the_others_finish(tmp_path):
     config = write_config(tmp_path / "tiny.yaml", TINY)
     runs_dir = tmp_path / "elsewhere"  # not named runs: the jobs must still write here
@@ -227,6 +229,7 @@ def test_a_failed_job_is_reported_and_the_others_finish(tmp_path):
     assert (runs_dir / ok / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_jobs_and_reports(tmp_path):
     config = write_config(tmp_path / "long.yaml", {**TINY, "total_timesteps": 10_000_000})
     runs_dir = tmp_path / "runs"
@@ -258,6 +261,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_runs_the_job_on_a_local_cluster_and_brings_the_run_back(tmp_path, ray_cluster):
     config = write_config(tmp_path / "tiny.yaml", TINY)
     code = run.main([str(config), "--seeds", "3", "--ray", "local", "--runs-dir", str(tmp_path / "runs")])
