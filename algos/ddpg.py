@@ -307,12 +307,13 @@ def main(args: Args) -> dict:
     run = Run(args, device, resumed)
 
     def update_critic(batch: TensorDict) -> TensorDict:
-        """A step on the squared TD error to lambda-returns over [B, L] slices (L = 1: r + d Q'(s', mu'(s')))"""
-        flat = batch.flatten(0, 1)
+        """A step on the squared TD error to r + d Q'(s', mu'(s')) for [B] transitions, lambda-returns for [B, L]"""
+        flat = batch.flatten(0, 1) if batch.batch_dims == 2 else batch  # the one-step case skips the reshapes
         with torch.no_grad():
-            next_value = qf_target(next_obs := obs_norm(flat["next_obs"]), actor_target(next_obs)).view(batch.shape)
-            target = lambda_returns(batch["reward"], batch["discount"], batch["terminated"] | batch["truncated"],
-                                    next_value, args.td_lambda or 0.0).flatten()
+            next_value = qf_target(next_obs := obs_norm(flat["next_obs"]), actor_target(next_obs))
+            target = flat["reward"] + flat["discount"] * next_value if batch.batch_dims == 1 else lambda_returns(
+                batch["reward"], batch["discount"], batch["terminated"] | batch["truncated"],
+                next_value.view(batch.shape), args.td_lambda).flatten()
         q = qf(obs_norm(flat["obs"]), flat["action"])
         loss = F.mse_loss(q, target)  # one fused op forward and backward: small batches are bound by op counts
         qf_optimizer.zero_grad()
@@ -322,7 +323,7 @@ def main(args: Args) -> dict:
 
     def update_actor(batch: TensorDict) -> TensorDict:
         """One step up the deterministic policy gradient -Q(obs, actor(obs)); inputs= keeps the critic's .grad out."""
-        obs = obs_norm(batch["obs"].flatten(0, 1))
+        obs = obs_norm(batch["obs"].flatten(0, batch.batch_dims - 1))
         loss = -qf(obs, actor(obs)).mean()
         actor_optimizer.zero_grad()
         loss.backward(inputs=list(actor.parameters()))
@@ -375,7 +376,7 @@ def main(args: Args) -> dict:
             if global_step > args.learning_starts and len(rb) >= args.batch_size:
                 credit += args.num_envs * args.updates_per_step
                 for _ in range(int(credit)):
-                    batch = rb.sample(args.batch_size).unsqueeze(1) if args.td_lambda is None else rb.sample_slices(
+                    batch = rb.sample(args.batch_size) if args.td_lambda is None else rb.sample_slices(
                         args.batch_size // args.td_lambda_steps, args.td_lambda_steps, args.num_envs)
                     metrics = update_critic(batch)
                     updates += 1

