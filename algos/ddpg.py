@@ -350,8 +350,7 @@ def main(args: Args) -> dict:
     def checkpoint() -> None:  # everything the loop needs to continue bit for bit
         run.checkpoint({"algo": ALGO, "args": asdict(args), "counts": (global_step, updates, credit, recent),
                         "obs": torch.as_tensor(obs), "env": env_state(env), "generators": generators(noise.rng),
-                        "rb": rb.state_dict(),
-                        **{name: part.state_dict() for name, part in parts.items()}})
+                        "rb": rb.state_dict(), **{name: part.state_dict() for name, part in parts.items()}})
 
     # SIGTERM (preemption) and Ctrl-C stop the run after the current step: the state saved is consistent.
     stop = {}
