@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ from tensordict import TensorDictBase  # noqa: E402
 
 from buffers import NStepReturns, ReplayBuffer  # noqa: E402
 from envs import TransitionRecorder  # noqa: E402
+from tests.algo_utils import load_algo  # noqa: E402  (algos/<name>.py as a module, as the tests load it)
 
 DEFAULTS = {"dqn": ("configs/dqn/cartpole.yaml", 20_000), "ddpg": ("configs/ddpg/pendulum.yaml", 6_000)}
 SAMPLES: dict[str, list[float]] = {}
@@ -59,14 +59,6 @@ def timed(owner: object, name: str, label=None) -> None:
                 SAMPLES.setdefault(label(args) if label else name, []).append(time.perf_counter() - start)
 
     setattr(owner, name, wrapper)
-
-
-def load_algo(name: str):
-    spec = importlib.util.spec_from_file_location(f"algos_{name}", ROOT / "algos" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:
@@ -124,13 +116,14 @@ def main() -> None:
                      "us_per_step": sum(times) / steps * 1e6})
     rows.sort(key=lambda row: -row["us_per_step"])
     rest = loop_s / steps * 1e6 - sum(row["us_per_step"] for row in rows)
-    rows.append({"call": "the rest: Python between the calls", "calls_per_step": 1.0, "median_us": float("nan"),
+    rows.append({"call": "the rest: Python between the calls", "calls_per_step": 1.0, "median_us": None,
                  "us_per_step": rest})
     print(f"{options.algo}, {steps} steps, loop {loop_s:.1f} s = {loop_s / steps * 1e6:.0f} us per env step "
           f"(torch {torch.__version__}, one thread)")
     print(f"{'call':42s} {'per step':>9s} {'median us':>10s} {'us/step':>8s} {'share':>6s}")
     for row in rows:
-        print(f"{row['call']:42s} {row['calls_per_step']:9.3f} {row['median_us']:10.1f} {row['us_per_step']:8.1f} "
+        median = "-" if row["median_us"] is None else f"{row['median_us']:.1f}"
+        print(f"{row['call']:42s} {row['calls_per_step']:9.3f} {median:>10s} {row['us_per_step']:8.1f} "
               f"{row['us_per_step'] * steps / 1e6 / loop_s:6.1%}")
     out = options.out or ROOT / "benchmarks" / "results" / f"breakdown_{options.algo}.json"
     out.write_text(json.dumps({"algo": options.algo, "steps": steps, "loop_s": loop_s, "torch": torch.__version__,
