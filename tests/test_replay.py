@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
+from buffers.replay import INDEX_COPY_ELEMENTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,6 +85,40 @@ def test_a_cpu_buffer_stores_batches_that_come_from_another_device(buffer_cls, d
         index = buf.extend(items(torch.arange(start, start + capacity // 2)).to(device))
         assert index.device.type == "cpu"
     assert_items(buf.storage, torch.arange(capacity, 2 * capacity))
+
+
+def test_extend_stores_exactly_what_index_copy_would_for_image_and_small_rows(buffer_cls, device):
+    """Keys on both sides of INDEX_COPY_ELEMENTS (index_copy_ vs slice copies), across many ring
+    wraps, against a reference written with index_copy_ at the slots index % capacity."""
+    capacity = 13
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(size):
+        return TensorDict({
+            "obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=gen),
+            "next_obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=gen),
+            "at_limit": torch.randint(0, 256, (size, INDEX_COPY_ELEMENTS), dtype=torch.uint8, generator=gen),
+            "past_limit": torch.randn((size, INDEX_COPY_ELEMENTS + 1), generator=gen),
+            "action": torch.randint(0, 6, (size,), generator=gen),
+            "done": torch.rand(size, generator=gen) < 0.5,
+        }, batch_size=[size])
+
+    buf = buffer_cls(capacity, device=device, seed=0)
+    reference, written = None, 0
+    sizes = [5, 8, 0, 1, 13, 12, 2, 13, 7, 6, 1, 11, 3, 13, 9, 4]  # wraps at many offsets, whole-ring batches
+    for size in sizes:
+        data = batch(size)
+        if reference is None:
+            reference = {key: torch.zeros((capacity, *v.shape[1:]), dtype=v.dtype) for key, v in data.items()}
+        index = buf.extend(data.to(device))
+        assert index.cpu().tolist() == list(range(written, written + size))
+        slots = torch.arange(written, written + size) % capacity
+        for key, value in data.items():
+            reference[key].index_copy_(0, slots, value)
+        written += size
+        for key, want in reference.items():
+            assert torch.equal(buf.storage[key][: len(buf)].cpu(), want[: len(buf)]), key
+    assert buf._indexed == {"at_limit", "action", "done"}  # both write paths were exercised
 
 
 @pytest.mark.parametrize("written", [4, 10, 37])
