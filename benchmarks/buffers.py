@@ -4,6 +4,9 @@ Cases, each with a full buffer (the ring wraps on every extend):
     (a) "vector":   obs/next_obs float32[4], action int64, reward float32, terminated bool; capacity 1e6
     (b) "atari":    obs/next_obs uint8[4, 84, 84], action, reward, terminated, truncated;  capacity 5e4
     (c) "atari-1M": case (b) at capacity 1e6, ours alone (its frames take about 7.2 GB)
+    (d) "image":    case (b)'s keys as random full stacks, both libraries storing both stacks (no
+                    frame_stack: the generic write path); extend only, capacity 5e4. Its extend rows
+                    also give bytes per second against a plain copy_ of the same bytes (the memory floor)
 In the Atari cases both libraries get the same stream of 8-env steps (each next_obs is its obs
 shifted by one new frame; episodes of 500 steps on average start from a zero-padded stack as in
 ale-py). Ours stores frames once (frame_stack=4: add_frames, then extend); TorchRL stores the full
@@ -18,6 +21,7 @@ TensorDicts.
     python benchmarks/buffers.py --quick                        # small capacities, a smoke test
     python benchmarks/buffers.py --device cuda                  # our buffers on a GPU, case (a)
     python benchmarks/buffers.py --no-1m                        # skip case (c)
+    /work/venv-peer/bin/python benchmarks/buffers.py --cases image   # case (d) alone
 
 TorchRL's compiled segment tree needs the torch it was built against (torchrl 0.14.1: torch 2.14.1),
 so the comparison runs in its own virtual environment; see benchmarks/README.md. Without TorchRL,
@@ -59,7 +63,8 @@ ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 FILL_CHUNK_BYTES = 64 << 20  # prefill in pieces of about this size
 # Goals, as speed-up = torchrl time / our time, keyed by (op, case).
 GOALS = {("PER sample + update", "vector"): 1.5, ("PER sample + update", "atari"): 8.0,
-         ("uniform sample", "atari"): 8.0, ("PER sample", "atari"): 8.0}
+         ("uniform sample", "atari"): 8.0, ("PER sample", "atari"): 8.0,
+         ("uniform extend 128", "image"): 5.0, ("PER extend 128", "image"): 5.0}
 NUM_ENVS = 8  # envs per step in the Atari stream
 
 
@@ -70,6 +75,7 @@ class Case:
     obs_shape: tuple[int, ...]
     obs_dtype: torch.dtype
     frames: bool = False  # a stream of stacked frames; ours stores each frame once
+    extend_only: bool = False  # time extend 8 / 128 only, and a plain copy_ of their bytes
 
     def batch(self, size: int, generator: torch.Generator) -> TensorDict:
         """`size` random transitions (same layout for both libraries)."""
@@ -366,7 +372,9 @@ def measure(libraries: list, case: Case, prioritized: bool, device: torch.device
         f"{kind} extend 128": lambda name: extend(name, 128),
         f"{kind} sample": lambda name: lambda i: buffers[name].sample(),
     }
-    if prioritized:
+    if case.extend_only:
+        del op_makers[f"{kind} sample"]
+    elif prioritized:
         op_makers["PER sample + update"] = per_loop
     results: dict[str, dict[str, list[tuple[float, float]]]] = {name: {} for name in buffers}
     for op, make in op_makers.items():
@@ -376,6 +384,25 @@ def measure(libraries: list, case: Case, prioritized: bool, device: torch.device
         print(f"    {op:<20} " + "  ".join(f"{name} {1e6 * statistics.median(w for w, _ in t):9.1f}us"
                                            for name, t in timed.items()), flush=True)
     return results
+
+
+def measure_copy_floor(case: Case, device: torch.device, budget_s: float,
+                       sync: Callable[[], None]) -> dict[int, list[tuple[float, float]]]:
+    """{batch size: times} of one plain copy_ of an extend's bytes (size x item_bytes) into a ring of
+    `capacity` items that was written once before (as a full buffer's is), at the slots an extend would
+    use: the memory-speed floor of the write, with none of the buffer's bookkeeping."""
+    ring = torch.zeros((case.capacity, case.item_bytes), dtype=torch.uint8, device=device)
+    floor = {}
+    for size in (8, 128):
+        src = torch.randint(0, 256, (size, case.item_bytes), dtype=torch.uint8).to(device)
+
+        def copy(i: int, size: int = size, src: torch.Tensor = src) -> None:
+            start = (i * size) % (case.capacity - size)
+            ring[start : start + size].copy_(src)
+
+        floor[size] = time_interleaved({"copy": copy}, sync, budget_s)["copy"]
+        print(f"    plain copy_ {size:<8} {1e6 * statistics.median(w for w, _ in floor[size]):9.1f}us", flush=True)
+    return floor
 
 
 def rss_bytes() -> int | None:
@@ -459,7 +486,8 @@ def machine_info(device: torch.device, torchrl_version: str | None) -> dict:
 
 
 def format_table(rows: list[dict], clock: str) -> str:
-    header = ("op", "case", "ours (us)", "torchrl (us)", "speed-up", "goal")
+    header = ("op", "case", "ours (us)", "torchrl (us)", "speed-up", "goal",
+              "GB/s: ours / torchrl / copy_ (ours % of copy_)")
     lines = []
     for r in rows:
         ours, theirs, ratio = r[clock]["ours_us"], r[clock]["torchrl_us"], r[clock]["speedup"]
@@ -467,8 +495,14 @@ def format_table(rows: list[dict], clock: str) -> str:
         if r["goal"] is not None:
             verdict = "n/a" if ratio is None else ("met" if ratio >= r["goal"] else "MISSED")
             goal = f">= {r['goal']}x {verdict}"
+        speed = ""
+        if "copy_GBps" in r[clock]:
+            c = r[clock]
+            theirs_gbps = "n/a" if c["torchrl_GBps"] is None else f"{c['torchrl_GBps']:.2f}"
+            speed = (f"{c['ours_GBps']:.2f} / {theirs_gbps} / {c['copy_GBps']:.2f} "
+                     f"({100 * c['ours_of_copy']:.0f}%)")
         lines.append((r["op"], r["case"], f"{ours:.1f}", "n/a" if theirs is None else f"{theirs:.1f}",
-                      "n/a" if ratio is None else f"{ratio:.2f}x", goal))
+                      "n/a" if ratio is None else f"{ratio:.2f}x", goal, speed))
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
     fmt = " | ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
     out = [fmt.format(*header), "-+-".join("-" * w for w in widths)]
@@ -476,18 +510,29 @@ def format_table(rows: list[dict], clock: str) -> str:
     return "\n".join(out)
 
 
-def table_rows(case: Case, raw: dict[str, dict[str, list[tuple[float, float]]]], clocks: list[str]) -> list[dict]:
-    """One result row per op of a case: medians and quartiles of both libraries, and the speed-up."""
+def table_rows(case: Case, raw: dict[str, dict[str, list[tuple[float, float]]]], clocks: list[str],
+               floor: dict[int, list[tuple[float, float]]] | None = None) -> list[dict]:
+    """One result row per op of a case: medians and quartiles of both libraries, and the speed-up;
+    with `floor` (a plain copy_'s times per batch size), extend rows also get bytes per second."""
     timings = {name: {op: stats_us(times) for op, times in ops.items()} for name, ops in raw.items()}
     rows = []
     for op, ours in timings["ours"].items():
         theirs = timings["torchrl"].get(op)
         row = {"op": op, "case": case.name, "capacity": case.capacity, "goal": GOALS.get((op, case.name))}
+        size = int(op.rsplit(" ", 1)[1]) if " extend " in op else None
+        copy = stats_us(floor[size]) if floor and size in floor else None
         for clock in clocks:
             mine = ours[clock]["median_us"]
             other = None if theirs is None else theirs[clock]["median_us"]
             row[clock] = {"ours_us": mine, "torchrl_us": other, "speedup": None if other is None else other / mine}
-        row["ours"], row["torchrl"] = ours, theirs
+            if copy is not None:  # bytes per microsecond = MB/s; /1e3: GB/s
+                nbytes = size * case.item_bytes
+                row[clock].update({
+                    "bytes_per_call": nbytes, "copy_us": copy[clock]["median_us"],
+                    "ours_GBps": nbytes / mine / 1e3, "copy_GBps": nbytes / copy[clock]["median_us"] / 1e3,
+                    "torchrl_GBps": None if other is None else nbytes / other / 1e3,
+                    "ours_of_copy": copy[clock]["median_us"] / mine})
+        row["ours"], row["torchrl"], row["copy"] = ours, theirs, copy
         rows.append(row)
     return rows
 
@@ -524,8 +569,8 @@ def main() -> None:
                         help="JSON path; default benchmarks/results/buffers.json (buffers_cuda.json with "
                              "--device cuda); --quick writes nothing unless --out is given")
     parser.add_argument("--no-torchrl", action="store_true", help="time our buffers only")
-    parser.add_argument("--cases", nargs="+", default=["vector", "atari", "atari-1M"],
-                        choices=["vector", "atari", "atari-1M"], help="which cases to run (default: all)")
+    parser.add_argument("--cases", nargs="+", default=["vector", "atari", "image", "atari-1M"],
+                        choices=["vector", "atari", "image", "atari-1M"], help="which cases to run (default: all)")
     parser.add_argument("--no-1m", action="store_true", help="skip the atari-1M case (ours alone, ~7.2 GB)")
     parser.add_argument("--max-together-gb", type=float, default=4.0,
                         help="keep both libraries' buffers alive together (calls interleaved) when their "
@@ -539,12 +584,13 @@ def main() -> None:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clocks = ["wall"] if device.type == "cuda" else ["wall", "cpu"]
 
-    cases = [Case("vector", 10**6, (4,), torch.float32), Case("atari", 50_000, (4, 84, 84), torch.uint8, True)]
+    cases = [Case("vector", 10**6, (4,), torch.float32), Case("atari", 50_000, (4, 84, 84), torch.uint8, True),
+             Case("image", 50_000, (4, 84, 84), torch.uint8, extend_only=True)]
     cases = [c for c in cases if c.name in args.cases]
     if device.type == "cuda":
         cases = [c for c in cases if not c.frames]
     if args.quick:
-        cases = [Case(c.name, c.capacity // 100, c.obs_shape, c.obs_dtype) for c in cases]
+        cases = [Case(c.name, c.capacity // 100, c.obs_shape, c.obs_dtype, extend_only=c.extend_only) for c in cases]
     budget_s = 0.15 if args.quick else 1.0
 
     if args.no_torchrl:
@@ -574,7 +620,9 @@ def main() -> None:
                     for op, times in ops.items():
                         raw[name].setdefault(op, []).extend(times)
                 free_memory(device)
-        rows.extend(table_rows(case, raw, clocks))
+        floor = measure_copy_floor(case, device, budget_s, sync) if case.extend_only else None
+        free_memory(device)
+        rows.extend(table_rows(case, raw, clocks, floor))
     large = None
     if "atari-1M" in args.cases and not args.no_1m and device.type == "cpu":
         case = Case("atari-1M", 10**4 if args.quick else 10**6, (4, 84, 84), torch.uint8, True)
@@ -609,7 +657,7 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         kept = kept_rows(out, {c.name for c in cases}, clocks)
         if kept is not None:
-            order = {"vector": 0, "atari": 1}
+            order = {"vector": 0, "atari": 1, "image": 2}
             rows = sorted(kept["rows"] + rows, key=lambda r: order.get(r["case"], 2))
             tables = {clock: format_table(rows, clock) for clock in clocks}
         goals = [r for r in rows if r["goal"] is not None]
@@ -626,7 +674,8 @@ def main() -> None:
                                 f"(<= {args.max_together_gb} GB); otherwise ours, torchrl, ours (pooled)",
                 "cases": {c.name: {"capacity": c.capacity, "obs_shape": list(c.obs_shape),
                                    "obs_dtype": str(c.obs_dtype), "bytes_per_item": c.item_bytes,
-                                   "our_bytes_per_item": c.our_item_bytes, "frames_stored_once": c.frames}
+                                   "our_bytes_per_item": c.our_item_bytes, "frames_stored_once": c.frames,
+                                   "extend_only": c.extend_only}
                           for c in cases},
                 "atari_stream": f"{NUM_ENVS} envs per step; each next_obs is its obs shifted by one new frame; "
                                 "episodes of 500 steps on average start from a zero-padded stack; extend 8 / 128 "
@@ -643,6 +692,9 @@ def main() -> None:
             },
             "torchrl_status": message,
             "speedup_definition": "torchrl_us / ours_us (> 1: ours is faster)",
+            "copy_floor": "extend rows of extend-only cases: one torch copy_ of the same bytes (items x "
+                          "bytes_per_item) into a once-written uint8 ring of capacity items, at rotating "
+                          "slots; *_GBps = bytes_per_call / median time; ours_of_copy = copy_us / ours_us",
             "results": rows,
             "ours_alone_at_1M": large,
             "goals": [{"op": r["op"], "case": r["case"], "goal": r["goal"],
