@@ -710,7 +710,10 @@ def mean_eval_return(run_dir: Path) -> float | None:
 
 
 def mean_and_std(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.1f} ± {statistics.pstdev(values):.1f}" if values else "-"
+    """mean ± sample standard deviation (n - 1 in the denominator; 0 for a single value)."""
+    if not values:
+        return "-"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.1f}"
 
 
 def duration(seconds: float) -> str:
@@ -735,7 +738,7 @@ def results_table(paths: list[Path], by: str | None = None) -> str:
         rows.append([key[0], key[1], *([key[2]] if by else []), len(returns), mean_and_std(returns),
                      mean_and_std(areas), steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}",
                      duration(statistics.fmean(walls)) if walls else "-"])
-    header = ["algo", "env", *([by] if by else []), "seeds", "final eval return (mean ± std over seeds)",
+    header = ["algo", "env", *([by] if by else []), "seeds", "final eval return (mean ± sample std over seeds)",
               "mean eval return over the run (area under curve)", "steps", "wall time (mean)"]
     return markdown(header, rows)
 

@@ -7,15 +7,16 @@ Usage: python algos/dqn.py   |   python algos/dqn.py --env PongNoFrameskip-v4   
 An Atari id without --config trains with ATARI_PRESET (printed at the start); --config and flags override it.
 """
 
+import difflib
 import json
 import os
 import random
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -32,34 +33,17 @@ from buffers import ReplayBuffer
 from envs import TransitionRecorder, check_video, env_state, evaluate, is_atari, load_env_state, make_vector_env
 
 ALGO = Path(__file__).stem
-# Atari ids without --config train with the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py
-# runs it, with the Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05.
-ATARI_PRESET = dict(total_timesteps=10_000_000, learning_rate=1e-4, buffer_size=1_000_000, batch_size=32,
-                    learning_starts=80_000, train_frequency=4, gradient_steps=1, target_network_frequency=1000,
-                    start_e=1.0, end_e=0.01, exploration_fraction=0.1, loss="huber", eval_epsilon=0.05,
-                    eval_frequency=250_000, checkpoint_frequency=500_000, anneal_lr=False)
+# Atari ids without --config: the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py runs it, with the
+# Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05.
+ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
+                    exploration_fraction=0.1, anneal_lr=False,
+                    total_timesteps=10_000_000, buffer_size=1_000_000, learning_starts=80_000, train_frequency=4,
+                    end_e=0.01, loss="huber", eval_epsilon=0.05, eval_frequency=250_000, checkpoint_frequency=500_000)
 
 
 @dataclass
 class Args:
-    config: str | None = None  # YAML file of argument defaults (keys: the names below); flags override it
-    resume: str | None = None  # continue runs/<run_name> from its checkpoint.pt (only --total-timesteps may change)
-    exp_name: str = ALGO  # the name of this experiment, part of the run name
-    run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     env: str = "CartPole-v1"  # the environment id (an Atari id without --config gets the Atari preset)
-    seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
-    cuda: bool = True  # use CUDA when it is available
-    threads: int = 1  # torch CPU threads (one is fastest for small networks; raise it for CNNs on a CPU)
-    compile: bool = False  # torch.compile the update
-    cudagraphs: bool = False  # replay the update as a CUDA graph (CUDA only)
-    track: bool = False  # log to Weights & Biases (WANDB_MODE=offline works without an account)
-    wandb_project_name: str = "offpolicy-zoo"  # the W&B project
-    wandb_entity: str | None = None  # the W&B entity (team or user)
-    wandb_group: str | None = None  # the W&B group (run.py sets one per launch so seeds are grouped)
-    capture_video: bool = False  # record the final evaluation episode to runs/<run_name>/videos/
-    save_model: bool = False  # save the Q-network's state_dict to runs/<run_name>/model.pt
-    checkpoint_frequency: int = 0  # environment steps between checkpoints (0: only on SIGTERM / Ctrl-C)
-
     total_timesteps: int = 100_000  # environment steps in all, summed over the parallel environments
     num_envs: int = 1  # parallel environments
     learning_rate: float = 1e-3  # Adam's learning rate
@@ -82,14 +66,35 @@ class Args:
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
     stop_return: float | None = None  # stop once an evaluation's mean return reaches this (needs eval_frequency)
 
+    seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
+    exp_name: str = ALGO  # the name of this experiment, part of the run name
+    run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
+    config: str | None = None  # YAML file of argument defaults (keys: the names above); flags override it
+    resume: str | None = None  # continue the run in this directory from its checkpoint (--total-timesteps may change)
+    schedule_start: int = 0  # the step the schedules start from (an extending --resume sets it, see README)
+    cuda: bool = True  # use CUDA when it is available
+    threads: int = 1  # torch CPU threads (one is fastest for small networks; raise it for CNNs on a CPU)
+    compile: bool = False  # torch.compile the update
+    cudagraphs: bool = False  # replay the update as a CUDA graph (CUDA only)
+    track: bool = False  # log to Weights & Biases (WANDB_MODE=offline works without an account)
+    wandb_project_name: str = "offpolicy-zoo"  # the W&B project
+    wandb_entity: str | None = None  # the W&B entity (team or user)
+    wandb_group: str | None = None  # the W&B group (run.py sets one per launch so seeds are grouped)
+    capture_video: bool = False  # record the final evaluation's first episode to <run dir>/videos/
+    save_model: bool = False  # save the Q-network's state_dict to <run dir>/model.pt
+    checkpoint_frequency: int = 0  # environment steps between checkpoints (0: only on SIGTERM / Ctrl-C)
+
+
+# ---- the algorithm ------------------------------------------------------------------------------------------
+
 
 class QNetwork(nn.Module):
-    """Q-values for every action: the Nature-DQN CNN for image observations, an MLP otherwise."""
+    """Q-values for every action: the Nature-DQN CNN for uint8 image stacks, an MLP otherwise."""
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Discrete):
         super().__init__()
         shape, actions = observation_space.shape, int(action_space.n)
-        self.image = len(shape) == 3  # (frames, height, width) uint8 pixels
+        self.image = len(shape) == 3 and observation_space.dtype == np.uint8  # (frames, height, width) pixels
         if self.image:
             conv = nn.Sequential(nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
                                  nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
@@ -104,9 +109,27 @@ class QNetwork(nn.Module):
 
 
 def epsilon_at(step: int, args: Args) -> float:
-    """Linear decay from start_e to end_e over exploration_fraction of the run, then constant."""
-    return args.start_e + min(1.0, step / max(1.0, args.exploration_fraction * args.total_timesteps)) * (
-        args.end_e - args.start_e)
+    """Linear from start_e (at schedule_start) to end_e at exploration_fraction * total_timesteps, then constant."""
+    span = max(1.0, args.exploration_fraction * args.total_timesteps - args.schedule_start)
+    return args.start_e + min(1.0, (step - args.schedule_start) / span) * (args.end_e - args.start_e)
+
+
+def annealed(step: int, args: Args) -> float:
+    """How far the annealing is at `step`: 0 at schedule_start, 1 at total_timesteps (the learning rate, PER's beta)."""
+    return min(1.0, (step - args.schedule_start) / (args.total_timesteps - args.schedule_start))
+
+
+def learning_rate_at(step: int, args: Args) -> float:
+    """learning_rate, or with anneal_lr linear from learning_rate (at schedule_start) to 0 at total_timesteps."""
+    return args.learning_rate * (1 - annealed(step, args)) if args.anneal_lr else args.learning_rate
+
+
+def extended(args: Args, step: int, total_timesteps: int) -> Args:
+    """The arguments that train on from `step` to a new total_timesteps with no schedule jumping: epsilon reaches
+    end_e at the same step as before; every other schedule goes from its value at `step` to its end at the new end."""
+    end_of_decay = args.exploration_fraction * args.total_timesteps
+    return replace(args, total_timesteps=total_timesteps, schedule_start=step, start_e=epsilon_at(step, args),
+                   exploration_fraction=end_of_decay / total_timesteps, learning_rate=learning_rate_at(step, args))
 
 
 def td_target(target_network: nn.Module, batch: TensorDict, gamma: float) -> torch.Tensor:
@@ -124,13 +147,18 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
     return loss, q.detach()
 
 
-def crossed(every: int, previous: int, step: int) -> int:
-    """How many multiples of `every` lie in (previous, step]: the periodic events due at this step (none if 0)."""
-    return step // every - previous // every if every else 0
+def make_update(q_network: nn.Module, target_network: nn.Module, optimizer: torch.optim.Optimizer, args: Args):
+    """The gradient step, a closure of tensors (so torch.compile and CUDA graphs can wrap it): batch -> metrics."""
 
+    def update(batch: TensorDict) -> TensorDict:
+        loss, q = q_loss(q_network, target_network, batch, args)
+        optimizer.zero_grad()
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return TensorDict(td_loss=loss.detach(), q_values=q.mean(), grad_norm=grad_norm)
 
-def fail(message: str) -> None:
-    raise SystemExit(f"error: {message}")  # one line for the user, no traceback
+    return update
 
 
 def check_args(args: Args) -> None:
@@ -142,134 +170,11 @@ def check_args(args: Args) -> None:
         fail(f"need tau in (0, 1], gamma in [0, 1] and batch_size <= buffer_size; got {args.tau}, {args.gamma}")
 
 
-def flags(values: dict) -> list[str]:
-    """Command-line flags for a mapping of argument names to values (tyro spells booleans --x / --no-x)."""
-    named = {str(key).replace("_", "-"): value for key, value in values.items()}
-    return [flag for k, v in named.items() for flag in
-            (([f"--{k}"] if v else [f"--no-{k}"]) if isinstance(v, bool) else [f"--{k}", str(v)])]
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    """The command line after the flags of --config (or the Atari preset, or a resumed run's saved arguments),
-    so that later flags win and tyro checks every name and type."""
-    argv = [part for arg in (sys.argv[1:] if argv is None else argv)
-            for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
-    if "--resume" in argv:
-        if len(argv) % 2 or set(argv[::2]) - {"--resume", "--total-timesteps"}:
-            fail(f"--resume continues a run with its saved arguments; only --total-timesteps may change, got {argv}")
-        return tyro.cli(Args, args=flags(load_checkpoint(argv[argv.index("--resume") + 1])["args"]) + argv)
-    defaults = []
-    if "--config" in argv[:-1]:
-        config = argv[argv.index("--config") + 1]
-        try:
-            if not isinstance(values := yaml.safe_load(Path(config).read_text()) or {}, dict):
-                raise ValueError("it must be a mapping of argument names to values")
-        except (OSError, yaml.YAMLError, ValueError) as e:
-            fail(f"cannot read config {config}: {e}")
-        if (algo := values.pop("algo", ALGO)) != ALGO:
-            fail(f"config {config} is for algos/{algo}.py, not {ALGO}.py (drop its algo key to use it anyway)")
-        defaults = flags(values)  # tyro names an unknown key or a wrong type
-    args = tyro.cli(Args, args=defaults + argv, description=__doc__)
-    if "--config" not in argv and is_atari(args.env):
-        print(f"{args.env} is an Atari game: using the Atari preset ({' '.join(flags(ATARI_PRESET))}); "
-              "--config or flags override it")
-        args = tyro.cli(Args, args=flags(ATARI_PRESET) + argv)
-    return args
-
-
-def load_checkpoint(run_dir: str) -> dict:
-    """runs/<run>/checkpoint.pt, memory-mapped, as plain data (weights_only: a checkpoint cannot run code)."""
-    try:
-        if (state := torch.load(Path(run_dir) / "checkpoint.pt", weights_only=True, mmap=True))["algo"] != ALGO:
-            raise ValueError(f"it is a checkpoint of algos/{state['algo']}.py, not of {ALGO}.py")
-    except Exception as e:  # missing, truncated, another algorithm's: torch raises several types
-        fail(f"cannot resume from {Path(run_dir) / 'checkpoint.pt'}: {e}")
-    return state
-
-
-def generators(explore_rng: np.random.Generator, state: dict | None = None) -> dict:
-    """Every random generator's state (the buffer and the envs keep their own); with `state`, restore them."""
-    if state is not None:
-        random.setstate(state["python"])
-        np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
-        torch.set_rng_state(state["torch"])
-        explore_rng.bit_generator.state = state["explore"]
-    legacy = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (legacy[0], legacy[1].tolist(), *legacy[2:]),
-            "torch": torch.get_rng_state(), "explore": explore_rng.bit_generator.state}
-
-
-class Run:
-    """runs/<run_name>/: config.yaml, metrics.jsonl (and W&B), summary.json; a progress bar on a terminal."""
-
-    def __init__(self, args: Args, device: torch.device, resumed: dict | None = None):
-        self.args, self.dir, self.start, self.wandb = args, Path("runs") / args.run_name, time.time(), None
-        if resumed is None and self.dir.exists():
-            fail(f"run directory {self.dir} already exists; pick another --run-name or remove it")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(asdict(args), sort_keys=False))
-        self.metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in finish)
-        self.metrics.truncate(resumed["metrics_bytes"] if resumed else 0)  # drop what came after the checkpoint
-        if args.track:
-            import wandb
-
-            self.video = wandb.Video
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
-                                    name=args.run_name, config=asdict(args), dir=str(self.dir), save_code=True,
-                                    id=resumed and resumed["wandb_id"], resume="must" if resumed else None)
-        print(f"{'resuming' if resumed else 'run'} {self.dir} on {device}, settings in {self.dir / 'config.yaml'}")
-        self.bar = tqdm(total=args.total_timesteps, initial=resumed["counts"][0] if resumed else 0, unit="step",
-                        mininterval=1.0, disable=not sys.stderr.isatty())
-
-    def log(self, step: int, metrics: dict) -> None:
-        record = {"global_step": step, **{k: float(v) for k, v in metrics.items()}}
-        self.metrics.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=step)
-
-    def checkpoint(self, state: dict) -> None:
-        """checkpoint.pt, written to a temporary file and renamed: a kill at any moment leaves the last one whole."""
-        torch.save({**state, "metrics_bytes": self.metrics.tell(), "wandb_id": self.wandb and self.wandb.id},
-                   self.dir / "checkpoint.tmp")
-        os.replace(self.dir / "checkpoint.tmp", self.dir / "checkpoint.pt")
-
-    def finish(self, returns: list[float], **counts) -> dict:
-        """summary.json: the final evaluation (none if interrupted), counts and wall time; the closing line."""
-        self.bar.close()
-        summary = {"run_name": self.args.run_name, "env": self.args.env, "algo": self.args.exp_name,
-                   "seed": self.args.seed, "eval_return_mean": float(np.mean(returns)) if returns else None,
-                   "eval_return_std": float(np.std(returns)) if returns else None, "eval_episodes": len(returns),
-                   "eval_returns": returns, **counts, "wall_time_s": time.time() - self.start}
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.metrics.close()
-        if self.wandb is not None:
-            if (video := self.dir / "videos" / "eval-episode-0.mp4").exists():
-                self.wandb.log({"media/video": self.video(str(video))}, step=counts["global_step"])
-            self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
-            self.wandb.finish()
-        result = f"{np.mean(returns):.1f} ± {np.std(returns):.1f} over {len(returns)} episodes" if returns else "none"
-        print(f"final evaluation: {result} | {counts['global_step']} steps | {summary['wall_time_s']:.0f} s | "
-              f"{self.dir}")
-        return summary
-
-
 def main(args: Args) -> dict:
     check_args(args)
-    resumed = load_checkpoint(args.resume) if args.resume else None
-    args = replace(args, run_name=args.run_name or f"{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__"
-                   f"{int(time.time())}")
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = True
-    torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    try:
-        env = make_vector_env(args.env, args.num_envs, args.seed)
-        if args.capture_video:
-            check_video(args.env)
-    except (ValueError, RuntimeError, ImportError) as e:
-        fail(str(e))
+    run = Run(args)  # the run directory, checkpoints, logging, signals: the plumbing at the end of this file
+    args, device = run.args, run.device
+    env = run.make_env()
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
         fail(f"DQN needs a discrete action space; {args.env} has {env.single_action_space} "
              "(use algos/ddpg.py for continuous actions)")
@@ -283,35 +188,11 @@ def main(args: Args) -> dict:
     target_params.to_module(target_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device), fused=True,
                                  capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
-    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=4 if is_atari(args.env) else 0)
+    frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
+    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, frame_stack=frame_stack)
     recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
     explore_rng = np.random.default_rng(args.seed)
-    parts = dict(q_network=q_network, target_params=target_params, optimizer=optimizer, recorder=recorder)
-
-    # Collect, store, learn. global_step counts environment steps over all envs.
-    obs, _ = env.reset(seed=args.seed)
-    global_step, updates, recent = 0, 0, []
-    if resumed is not None:
-        try:
-            games = load_env_state(env, resumed["env"])  # None; Atari: new games (README: what differs on resume)
-            for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
-                if games is None or name not in ("recorder", "nstep"):
-                    part.load_state_dict(resumed[name])
-            rb.load_state_dict(resumed["rb"], copy=False)  # adopts the memory-mapped storage: no second copy
-            generators(explore_rng, resumed["generators"])
-        except (KeyError, ValueError, RuntimeError) as e:
-            fail(f"cannot resume from {args.resume}: {e}")
-        obs, (global_step, updates, recent) = resumed["obs"].numpy() if games is None else games, resumed["counts"]
-    run = Run(args, device, resumed)
-
-    def update(batch: TensorDict) -> TensorDict:
-        loss, q = q_loss(q_network, target_network, batch, args)
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return TensorDict(td_loss=loss.detach(), q_values=q.mean(), grad_norm=grad_norm)
-
+    update = make_update(q_network, target_network, optimizer, args)
     if args.compile:
         update = torch.compile(update)
     if args.cudagraphs and device.type == "cuda":
@@ -325,80 +206,295 @@ def main(args: Args) -> dict:
             actions = np.where(explore, actions, q_network(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy())
         return actions
 
-    def evaluation(step: int, video: bool = False) -> list[float]:
+    def evaluation(**options) -> list[float]:
         """Episodes of the epsilon-greedy policy on envs seeded apart from training (seed + 10000)."""
         eval_rng = np.random.default_rng(args.seed + 10_000)
-        returns = evaluate(args.env, lambda obs: act(obs, args.eval_epsilon, eval_rng), args.eval_episodes,
-                           seed=args.seed + 10_000, video_dir=str(run.dir / "videos") if video else None,
-                           abort=lambda: bool(stop))  # SIGTERM or Ctrl-C cuts an evaluation short
-        run.log(step, {"eval/episodic_return": np.mean(returns)})
-        return returns
+        return evaluate(args.env, lambda obs: act(obs, args.eval_epsilon, eval_rng), args.eval_episodes,
+                        seed=args.seed + 10_000, **options)
 
-    def checkpoint() -> None:  # everything the loop needs to continue bit for bit
-        run.checkpoint({"algo": ALGO, "args": asdict(args), "counts": (global_step, updates, recent),
-                        "obs": torch.as_tensor(obs), "env": env_state(env), "generators": generators(explore_rng),
-                        "rb": rb.state_dict(),
-                        **{name: part.state_dict() for name, part in parts.items()}})
+    # Everything a checkpoint holds; with --resume, run.start loads it back and continues where it stopped.
+    parts = dict(env=env, rb=rb, q_network=q_network, target_params=target_params, optimizer=optimizer,
+                 recorder=recorder, explore=explore_rng)
+    obs, _ = env.reset(seed=args.seed)
+    obs, (global_step, updates, recent) = run.start(parts, obs, (0, 0, []), evaluation)
 
-    # SIGTERM (preemption) and Ctrl-C stop the run after the current step: the state saved is consistent.
-    stop = {}
-    handlers = {sig: signal.signal(sig, lambda signum, _: stop.setdefault("signal", signal.Signals(signum).name))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    start, start_step, eval_time, returns = time.time(), global_step, 0.0, []
+    # Collect, store, learn. global_step counts environment steps over all envs.
+    while run.training(global_step):
+        epsilon = epsilon_at(global_step, args)
+        action = act(obs, epsilon, explore_rng)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        rb.extend(rb.add_frames(transitions))
+        obs = next_obs
+        previous, global_step = global_step, global_step + args.num_envs
+        for episode in finished:
+            recent = (recent + [episode["episodic_return"]])[-20:]
+            run.log(global_step, {f"charts/{k}": v for k, v in episode.items()} | {"charts/epsilon": epsilon})
+
+        if global_step > args.learning_starts and len(rb) >= args.batch_size:
+            optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
+            for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
+                batch = rb.sample(args.batch_size)
+                metrics = update(batch)
+                updates += 1
+                if updates % 100 == 0:
+                    run.log(global_step, {f"losses/{k}": v.mean().item() for k, v in metrics.items()})
+            # One target update per interval crossed, so that several envs per step skip none.
+            for _ in range(crossed(args.target_network_frequency, previous, global_step)):
+                target_params.lerp_(params, args.tau)
+
+        if crossed(1000, previous, global_step):
+            run.progress(global_step, recent)
+        if crossed(args.eval_frequency, previous, global_step):
+            run.evaluate(global_step)  # ends training if the mean return reaches --stop-return
+        if crossed(args.checkpoint_frequency, previous, global_step):
+            run.checkpoint(obs, (global_step, updates, recent))
+    return run.finish(obs, (global_step, updates, recent), model=q_network.state_dict())
+
+
+# ---- plumbing: the same in all four algorithm files (tests/test_plumbing.py keeps the copies equal) -----------
+
+
+def crossed(every: int, previous: int, step: int) -> int:
+    """How many multiples of `every` lie in (previous, step]: the periodic events due at this step (none if 0)."""
+    return step // every - previous // every if every else 0
+
+
+def fail(message: str) -> NoReturn:
+    raise SystemExit(f"error: {message}")  # one line for the user, no traceback
+
+
+def flags(values: dict) -> list[str]:
+    """Command-line flags for a mapping of argument names to values (tyro spells booleans --x / --no-x)."""
+    named = {str(key).replace("_", "-"): value for key, value in values.items()}
+    return [flag for k, v in named.items() for flag in ([f"--{k}" if v else f"--no-{k}"] if isinstance(v, bool)
+                                                        else [f"--{k}", str(v)])]
+
+
+def config_flags(path: str) -> list[str]:
+    """The flags of a YAML file of this script's arguments; a bad file or key is a one-line error."""
     try:
-        while global_step < args.total_timesteps and not stop:
-            epsilon = epsilon_at(global_step, args)
-            action = act(obs, epsilon, explore_rng)
-            next_obs, reward, terminated, truncated, info = env.step(action)
-            transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-            rb.extend(rb.add_frames(transitions))
-            obs = next_obs
-            previous, global_step = global_step, global_step + args.num_envs
-            for episode in finished:
-                recent = (recent + [episode["episodic_return"]])[-20:]
-                run.log(global_step, {f"charts/{k}": v for k, v in episode.items()} | {"charts/epsilon": epsilon})
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        fail(f"cannot read config {path}: {e}")
+    if not isinstance(values, dict):
+        fail(f"cannot read config {path}: it must be a mapping of argument names to values")
+    algo = values.pop("algo", ALGO)
+    if algo != ALGO:
+        fail(f"config {path} is for algos/{algo}.py, not {ALGO}.py (drop its algo key to use it anyway)")
+    names = [field.name for field in fields(Args)]
+    for key in [key for key in values if key not in names]:
+        close = difflib.get_close_matches(str(key), names)
+        fail(f"config {path}: unknown key {key!r} (closest: {', '.join(close) or 'none'}; see --help)")
+    return flags(values)  # tyro checks each value's type
 
-            if global_step > args.learning_starts and len(rb) >= args.batch_size:
-                if args.anneal_lr:
-                    optimizer.param_groups[0]["lr"].fill_(args.learning_rate * (1 - global_step / args.total_timesteps))
-                for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
-                    metrics = update(rb.sample(args.batch_size))
-                    updates += 1
-                    if updates % 100 == 0:
-                        run.log(global_step, {f"losses/{k}": v.mean().item() for k, v in metrics.items()})
-                # One target update per interval crossed, so that several envs per step skip none.
-                for _ in range(crossed(args.target_network_frequency, previous, global_step)):
-                    target_params.lerp_(params, args.tau)
 
-            if crossed(1000, previous, global_step):
-                sps = (global_step - start_step) / (time.time() - start - eval_time)
-                run.log(global_step, {"charts/SPS": sps})
-                run.bar.update(global_step - run.bar.n)
-                run.bar.set_postfix(SPS=f"{sps:.0f}", recent_return=f"{np.mean(recent):.1f}" if recent else "-")
-            if crossed(args.eval_frequency, previous, global_step):
-                tick = time.time()
-                mean_return = float(np.mean(evaluation(global_step)))
-                eval_time += time.time() - tick
-                if args.stop_return is not None and mean_return >= args.stop_return:
-                    break
-            if crossed(args.checkpoint_frequency, previous, global_step):
-                checkpoint()
-        if not stop:
-            returns = evaluation(global_step, video=args.capture_video)
-    except KeyboardInterrupt:  # an evaluation cut short by a signal
-        pass
-    finally:
-        for sig, handler in handlers.items():
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line after the flags of --config (or the Atari preset, or a resumed run's saved arguments),
+    so that later flags win and tyro checks every name and type."""
+    argv = [part for arg in (sys.argv[1:] if argv is None else argv)
+            for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
+    if "--resume" in argv:
+        if len(argv) % 2 or set(argv[::2]) - {"--resume", "--total-timesteps"}:
+            fail(f"--resume continues a run with its saved arguments; only --total-timesteps may change, got {argv}")
+        return tyro.cli(Args, args=flags(load_checkpoint(argv[argv.index("--resume") + 1])["args"]) + argv)
+    defaults = config_flags(argv[argv.index("--config") + 1]) if "--config" in argv[:-1] else []
+    args = tyro.cli(Args, args=defaults + argv, description=__doc__)
+    if ATARI_PRESET and "--config" not in argv and is_atari(args.env):
+        print(f"{args.env} is an Atari game: using the Atari preset ({' '.join(flags(ATARI_PRESET))}); "
+              "--config or flags override it")
+        args = tyro.cli(Args, args=flags(ATARI_PRESET) + argv)
+    return args
+
+
+def load_checkpoint(run_dir: str) -> dict:
+    """<run dir>/checkpoint.pt, memory-mapped, as plain data (weights_only: a checkpoint cannot run code)."""
+    try:
+        state = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=True, mmap=True)
+        if state["algo"] != ALGO:
+            raise ValueError(f"it is a checkpoint of algos/{state['algo']}.py, not of {ALGO}.py")
+    except Exception as e:  # missing, truncated, another algorithm's: torch raises several types
+        fail(f"cannot resume from {Path(run_dir) / 'checkpoint.pt'}: {e}")
+    return state
+
+
+def generators(state: tuple | None = None) -> tuple:
+    """The global generators' states (Python, legacy NumPy, torch); with `state`, restore them first."""
+    if state is not None:
+        random.setstate(state[0])
+        np.random.set_state((state[1][0], np.array(state[1][1], dtype=np.uint32), *state[1][2:]))
+        torch.set_rng_state(state[2])
+    legacy = np.random.get_state()
+    return random.getstate(), (legacy[0], legacy[1].tolist(), *legacy[2:]), torch.get_rng_state()
+
+
+class Run:
+    """Around the algorithm: arguments, seeds and device; the run directory (config.yaml, metrics.jsonl, summary.json,
+    checkpoint.pt, model.pt, videos/), W&B and the progress bar; evaluations; checkpoints; signals. SIGTERM or Ctrl-C
+    ends the loop after its step (an evaluation cut short stays due) and checkpoints: --resume goes on bit for bit."""
+
+    def __init__(self, args: Args):
+        for name in ("eval_frequency", "checkpoint_frequency"):
+            if getattr(args, name) < 0:
+                fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
+        self.resumed = load_checkpoint(args.resume) if args.resume else None
+        if self.resumed is not None:  # the run goes on in the directory named, wherever that is
+            self.dir, step = Path(args.resume), self.resumed["counts"][0]
+            saved = self.resumed["args"]["total_timesteps"]
+            args = replace(args, run_name=self.dir.name)
+            if args.total_timesteps < step:
+                fail(f"--total-timesteps {args.total_timesteps} is below the step the run reached, {step}")
+            if args.total_timesteps != saved:  # train longer: schedules go on from here (see `extended`)
+                args = extended(replace(args, total_timesteps=saved), step, args.total_timesteps)
+        else:
+            name = f"{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            args = replace(args, run_name=args.run_name or name)
+            self.dir = Path("runs") / args.run_name
+            if self.dir.exists():
+                fail(f"run directory {self.dir} already exists; pick another --run-name or remove it")
+        self.args = args
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = True
+        torch.set_num_threads(args.threads)
+        self.device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+        self.signal, self.reached, self.wandb, self.due, self.last = None, False, None, None, None
+
+    def make_env(self) -> gym.vector.VectorEnv:
+        """The training envs; a bad id, or a video that could not be written, is refused before anything starts."""
+        try:
+            if self.args.capture_video:
+                check_video(self.args.env)
+            return make_vector_env(self.args.env, self.args.num_envs, self.args.seed)
+        except (ValueError, RuntimeError, ImportError) as e:
+            fail(str(e))
+
+    def start(self, parts: dict, obs: np.ndarray, counts: tuple, evaluation) -> tuple[np.ndarray, tuple]:
+        """Open the run directory; return the loop's (obs, counts), as given or as the checkpoint left them (every
+        part restored; an evaluation it left due run first). `parts`: what a checkpoint saves; counts[0]: the step."""
+        self.parts, self.evaluation, state = parts, evaluation, self.resumed
+        if state is not None:
+            try:
+                games = load_env_state(parts["env"], state["env"])  # None; Atari: new games (README: resume)
+                for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
+                    if name == "env" or (games is not None and name in ("recorder", "nstep")):
+                        continue
+                    if isinstance(part, np.random.Generator):
+                        part.bit_generator.state = state[name]
+                    else:  # the buffer adopts the memory-mapped storage: no second copy
+                        part.load_state_dict(state[name], **({"copy": False} if name == "rb" else {}))
+                generators(state["generators"])
+            except (KeyError, ValueError, RuntimeError) as e:
+                fail(f"cannot resume from {self.dir}: {e}")
+            obs, counts = (state["obs"].numpy() if games is None else games), state["counts"]
+            self.due, self.last = state["due"], state["last"]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(asdict(self.args), sort_keys=False))
+        self.metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in finish)
+        self.metrics.truncate(state["metrics_bytes"] if state else 0)  # drop what came after the checkpoint
+        if self.args.track:  # a resumed W&B run is rewound to the checkpoint (synced later when offline)
+            import wandb
+
+            rewind = {"resume_from": f"{state['wandb_id']}?_step={counts[0]}"} if state and state["wandb_id"] else {}
+            self.wandb = wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, **rewind,
+                                    group=self.args.wandb_group, name=self.args.run_name, config=asdict(self.args),
+                                    dir=str(self.dir), save_code=True)
+            self.video = wandb.Video
+        print(f"{'resuming' if state else 'run'} {self.dir} on {self.device}, settings in {self.dir / 'config.yaml'}")
+        self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
+                        disable=not sys.stderr.isatty())
+        self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.start_time, self.start_step, self.eval_time = time.time(), counts[0], 0.0
+        if self.due is not None:
+            self.evaluate(self.due)
+        return obs, counts
+
+    def on_signal(self, signum: int, _frame) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def training(self, step: int) -> bool:
+        return step < self.args.total_timesteps and self.signal is None and not self.reached
+
+    def log(self, step: int, metrics: dict) -> None:
+        record = {"global_step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.metrics.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def progress(self, step: int, recent: list[float]) -> None:
+        sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
+        self.log(step, {"charts/SPS": sps})
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix(SPS=f"{sps:.0f}", recent_return=f"{np.mean(recent):.1f}" if recent else "-")
+
+    def evaluate(self, step: int, video: bool = False) -> None:
+        """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
+        self.due, tick, logged = step, time.time(), self.last is not None and self.last[0] == step
+        try:
+            returns = self.evaluation(video_dir=str(self.dir / "videos") if video else None,
+                                      abort=lambda: self.signal is not None)
+        except KeyboardInterrupt:
+            return
+        finally:
+            self.eval_time += time.time() - tick
+        self.due, self.last = None, (step, returns)
+        if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
+            self.log(step, {"eval/episodic_return": np.mean(returns)})
+        self.reached = self.args.stop_return is not None and np.mean(returns) >= self.args.stop_return
+
+    def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
+        """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
+        self.metrics.flush()
+        os.fsync(self.metrics.fileno())
+        state = {"algo": ALGO, "args": asdict(self.args), "counts": counts, "obs": torch.as_tensor(obs),
+                 "due": self.due, "last": self.last, "wandb_id": self.wandb.id if self.wandb else None,
+                 "metrics_bytes": self.metrics.tell(), "generators": generators()}
+        for name, part in self.parts.items():
+            is_generator = isinstance(part, np.random.Generator)
+            state[name] = part.bit_generator.state if is_generator else env_state(part) if name == "env" else \
+                part.state_dict()
+        with open(self.dir / "checkpoint.tmp", "wb") as f:
+            torch.save(state, f)
+            os.fsync(f.fileno())
+        os.replace(self.dir / "checkpoint.tmp", self.dir / "checkpoint.pt")
+        directory = os.open(self.dir, os.O_RDONLY)  # a crash after the rename keeps it once the directory is synced
+        os.fsync(directory)
+        os.close(directory)
+
+    def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict:
+        """The final evaluation, a checkpoint (when stopped or checkpointing), model.pt, summary.json, one line."""
+        args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
+        if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
+            self.evaluate(step, video=args.capture_video)
+        if self.signal is not None or args.checkpoint_frequency:
+            self.checkpoint(obs, counts)
+        for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
-    if stop or args.checkpoint_frequency:
-        checkpoint()
-    env.close()
-    if stop:
-        print(f"stopped by {stop['signal']} at step {global_step}; continue: python {sys.argv[0]} --resume {run.dir}")
-    if args.save_model:
-        torch.save(q_network.state_dict(), run.dir / "model.pt")
-    return run.finish(returns, global_step=global_step, updates=updates, interrupted=bool(stop),
-                      train_sps=(global_step - start_step) / max(time.time() - start - eval_time, 1e-9))
+        self.parts["env"].close()
+        if self.signal is not None:
+            print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
+        if args.save_model:
+            torch.save(model, self.dir / "model.pt")
+        returns = self.last[1] if self.signal is None else []  # a stopped run has no final evaluation
+        mean, std = (np.mean(returns), np.std(returns, ddof=1) if len(returns) > 1 else 0.0) if returns else (None,) * 2
+        summary = {"run_name": args.run_name, "env": args.env, "algo": args.exp_name, "seed": args.seed,
+                   "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
+                   "eval_returns": returns, "global_step": step, "updates": counts[1], "interrupted": bool(self.signal),
+                   "train_sps": (step - self.start_step) / max(train_time, 1e-9),
+                   "wall_time_s": time.time() - self.start_time}
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.metrics.close()
+        self.bar.close()
+        if self.wandb is not None:
+            video = self.dir / "videos" / "eval-episode-0.mp4"
+            if video.exists():
+                self.wandb.log({"media/video": self.video(str(video))}, step=step)
+            self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
+            self.wandb.finish()
+        result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
+        print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {self.dir}")
+        return summary
 
 
 if __name__ == "__main__":

@@ -484,17 +484,20 @@ def spy_evaluations(monkeypatch, algo, steps, num_envs) -> list[int]:
     return at
 
 
+@pytest.mark.parametrize("total", [300, 330])
 @pytest.mark.parametrize("name", list(ALGOS))
-def test_evaluations_at_multiples_of_eval_frequency(monkeypatch, tmp_path, name):
+def test_evaluations_at_multiples_of_eval_frequency(monkeypatch, tmp_path, name, total):
     """An evaluation at each step that crosses a multiple of eval_frequency (3 envs, every 100: steps 102, 201,
-    300), logged at that step, and the final one. Fails if periodic evaluation is skipped or mistimed."""
+    300), logged at that step, and the final one, which at step 300 is the periodic one (run and logged once);
+    at 330 steps the final one comes after. Fails if periodic evaluation is skipped or mistimed, or the final one
+    repeats the last periodic one."""
     algo = ALGOS[name]
     steps = spy_steps(monkeypatch)
     at = spy_evaluations(monkeypatch, algo, steps, 3)
-    args = args_for(name, num_envs=3, eval_frequency=100, total_timesteps=300)
-    algo.main(args)
-    periodic = [step for previous, step in vector_steps(300, 3) if multiples(100, previous, step)]
-    assert at == [*periodic, 300]
+    args = args_for(name, num_envs=3, eval_frequency=100, total_timesteps=total)
+    summary = algo.main(args)
+    periodic = [step for previous, step in vector_steps(total, 3) if multiples(100, previous, step)]
+    assert at == (periodic if total == 300 else [*periodic, total]) and summary["eval_episodes"] == 1
     logged = [r["global_step"] for r in map(json.loads, (run_dir_of(tmp_path, args) / "metrics.jsonl").open())
               if "eval/episodic_return" in r]
     assert logged == at
@@ -503,12 +506,13 @@ def test_evaluations_at_multiples_of_eval_frequency(monkeypatch, tmp_path, name)
 @pytest.mark.parametrize("name", list(ALGOS))
 def test_an_evaluation_reaching_stop_return_ends_training(monkeypatch, name):
     """stop_return below any return: training ends at the first periodic evaluation (step 102 with 3 envs,
-    every 100), which the final evaluation follows. Fails if early stopping is ignored."""
+    every 100), which is then the final evaluation (run once). Fails if early stopping is ignored, or the final
+    evaluation plays the same episodes again."""
     algo = ALGOS[name]
     steps = spy_steps(monkeypatch)
     at = spy_evaluations(monkeypatch, algo, steps, 3)
     summary = algo.main(args_for(name, num_envs=3, eval_frequency=100, stop_return=-1e9, total_timesteps=300))
-    assert summary["global_step"] == 102 and at == [102, 102] and len(steps) == 34
+    assert summary["global_step"] == 102 and at == [102] and len(steps) == 34 and summary["eval_episodes"] == 1
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
@@ -526,7 +530,7 @@ def test_evaluation_envs_are_seeded_apart_from_training(monkeypatch, name):
     monkeypatch.setattr(gym.vector.SyncVectorEnv, "reset", spy)
     ALGOS[name].main(args_for(name, seed=5, num_envs=3, eval_frequency=100, total_timesteps=300))
     training, *evaluations = resets
-    assert training == {5, 6, 7} and len(evaluations) == 4  # 3 periodic + the final one, all seeded
+    assert training == {5, 6, 7} and len(evaluations) == 3  # 3 periodic, the last one at step 300 the final one
     assert all(not (seeds & training) for seeds in evaluations)
 
 

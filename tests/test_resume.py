@@ -86,7 +86,11 @@ def test_killed_or_stopped_runs_resume_bit_for_bit(tmp_path, algo):
     killed.wait()
     assert killed.returncode == -signal.SIGKILL
     # SIGTERM mid-training, between checkpoints: the run writes one at the current step and says how to resume.
-    wait_for(lambda: "losses/" in (runs / "stopped" / "metrics.jsonl").read_text(), stopped, "a gradient step")
+    def past_the_first_checkpoint() -> bool:  # a gradient step after step 1000, so the stop falls between checkpoints
+        lines = (runs / "stopped" / "metrics.jsonl").read_text().splitlines()
+        return any("losses/" in line and json.loads(line)["global_step"] > 1000 for line in lines)
+
+    wait_for(past_the_first_checkpoint, stopped, "a gradient step after the first checkpoint")
     stopped.send_signal(signal.SIGTERM)
     out = finished(stopped)
     assert "stopped by SIGTERM" in out and f"--resume {Path('runs') / 'stopped'}" in out, out

@@ -1,4 +1,4 @@
-"""The fixes from the review of issue 9, each through main(): bad runs are refused before anything is
+"""Guards of the training loops, each through main(): bad runs are refused before anything is
 written, short n-step runs do not crash, losses are logged at a steady rate, the Atari preset runs."""
 
 from __future__ import annotations

@@ -419,11 +419,11 @@ def test_table_gives_mean_and_std_over_seeds(tmp_path, capsys):
     write_run(tmp_path / "runs", "ddpg", "Hopper-v5", 1, [(0, 0.0)])  # no summary.json yet: not in the table
     assert run.main(["table", str(tmp_path / "runs")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split(" | ")[3:] == ["final eval return (mean ± std over seeds)",
+    assert lines[0].split(" | ")[3:] == ["final eval return (mean ± sample std over seeds)",
                                          "mean eval return over the run (area under curve)", "steps",
                                          "wall time (mean) |"]
-    assert lines[2:] == ["| dqn | CartPole-v1 | 3 | 20.0 ± 8.2 | - | 1000 | 60s |",  # one evaluation: no area
-                         "| per_dqn | CartPole-v1 | 2 | -5.0 ± 0.2 | - | 800–900 | 60s |"]
+    assert lines[2:] == ["| dqn | CartPole-v1 | 3 | 20.0 ± 10.0 | - | 1000 | 60s |",  # one evaluation: no area
+                         "| per_dqn | CartPole-v1 | 2 | -5.0 ± 0.4 | - | 800–900 | 60s |"]
 
 
 def test_table_splits_by_a_config_key_with_the_area_under_the_evaluation_curve(tmp_path, capsys):
@@ -440,7 +440,7 @@ def test_table_splits_by_a_config_key_with_the_area_under_the_evaluation_curve(t
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("| algo | env | alpha | seeds |")
     assert lines[2:] == ["| dqn | CartPole-v1 | - | 1 | 7.0 ± 0.0 | - | 1000 | 60s |",
-                         "| per_dqn | CartPole-v1 | 0.2 | 2 | 25.0 ± 15.0 | 19.2 ± 10.8 | 1000 | 2min |",
+                         "| per_dqn | CartPole-v1 | 0.2 | 2 | 25.0 ± 21.2 | 19.2 ± 15.3 | 1000 | 2min |",
                          "| per_dqn | CartPole-v1 | 2 | 1 | 7.0 ± 0.0 | - | 1000 | 60s |",  # 2 before 10: numbers
                          "| per_dqn | CartPole-v1 | 10 | 1 | 5.0 ± 0.0 | - | 1000 | 2.5h |"]
     assert run.mean_eval_return(runs / "CartPole-v1__per_dqn__alpha=0.2__1__0") == pytest.approx(2500 / 300)

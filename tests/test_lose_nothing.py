@@ -1,0 +1,355 @@
+"""Runs that lose nothing: --resume continues the run in the directory it is given (a copy, another working
+directory), a signal during an evaluation leaves it due for the resumed run, extending a run keeps every schedule
+continuous, W&B is rewound to the checkpoint, and the small guards of the run plumbing (negative frequencies,
+DDPG slices longer than the batch, the CNN only for uint8 images, synced checkpoints, train_sps).
+
+Each run here is `main` in this process on CartPole or Pendulum, stopped by a real SIGTERM that
+a spy sends to this process, and resumed through `parse_args(["--resume", ...])` as the command line does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from buffers import PrioritizedReplayBuffer
+from tests.algo_utils import load_algo, tiny_args
+
+ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
+DQNS = ["dqn", "per_dqn", "nstep_dqn"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(False)
+
+
+def args_for(name: str, **changes):
+    env = "Pendulum-v1" if name == "ddpg" else "CartPole-v1"  # the probes number their instances per process
+    return tiny_args(ALGOS[name], **{"env": env, "eval_episodes": 3, "save_model": True, **changes})
+
+
+def resume(name: str, run_dir: Path | str, *more: str) -> dict:
+    algo = ALGOS[name]
+    return algo.main(algo.parse_args(["--resume", str(run_dir), *more]))
+
+
+def records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock SPS records."""
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if "charts/SPS" not in r]
+
+
+def model(run_dir: Path) -> dict:
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    return {f"{k}.{j}": w for k, v in state.items() for j, w in (v.items() if isinstance(v, dict) else [("", v)])}
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert records(a) == records(b)
+    ma, mb = model(a), model(b)
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    assert sa["eval_returns"] == sb["eval_returns"] and len(sa["eval_returns"]) == 3 and not sb["interrupted"]
+
+
+def hashes(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def sigterm_at_evaluation(monkeypatch, algo, calls: set[int]) -> list[int]:
+    """Make the evaluations numbered in `calls` (from 1) receive a SIGTERM as they start; returns the call count."""
+    count = [0]
+    evaluate = algo.evaluate
+
+    def spy(*args, **kwargs):
+        count[0] += 1
+        if count[0] in calls:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the run: the evaluation stops at its first step
+            time.sleep(0.01)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(algo, "evaluate", spy)
+    return count
+
+
+# ---- the run directory ------------------------------------------------------------------------------------
+
+
+def test_resuming_a_copy_continues_the_copy_and_leaves_the_original_alone(tmp_path):
+    """`cp -r runs/r1 runs/r1copy`, then --resume runs/r1copy with more steps: the copy goes on (its config.yaml
+    names it), the original's files are byte for byte what they were. Fails if the run directory comes from the
+    checkpoint's run_name."""
+    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300))
+    original = tmp_path / "runs" / "r1"
+    before = hashes(original)
+    shutil.copytree(original, tmp_path / "runs" / "r1copy")
+    summary = resume("dqn", "runs/r1copy", "--total-timesteps", "500")
+    assert hashes(original) == before
+    copy = tmp_path / "runs" / "r1copy"
+    assert summary["global_step"] == 500 and summary["run_name"] == "r1copy"
+    assert "run_name: r1copy" in (copy / "config.yaml").read_text()
+    assert records(copy)[-1]["global_step"] == 500 and records(copy)[: len(records(original))] == records(original)
+
+
+def test_resuming_from_another_working_directory_writes_only_there(tmp_path, monkeypatch):
+    """A run under /elsewhere/runs/r1 resumed from another working directory continues in /elsewhere/runs/r1 and
+    writes nothing into ./runs. Fails if the directory is ./runs/<run_name>."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300))
+    run = tmp_path / "elsewhere" / "runs" / "r1"
+    length = len(records(run))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    summary = resume("dqn", run, "--total-timesteps", "500")
+    assert summary["global_step"] == 500 and not (tmp_path / "work" / "runs").exists()
+    metrics = (run / "metrics.jsonl").read_bytes()
+    assert b"\0" not in metrics and len(records(run)) > length and records(run)[-1]["global_step"] == 500
+
+
+# ---- signals during evaluations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+@pytest.mark.parametrize("interrupted", [{2}, {2, 4}, {4}], ids=["periodic", "periodic-twice", "last"])
+def test_a_sigterm_during_an_evaluation_leaves_it_due_for_the_resumed_run(monkeypatch, tmp_path, name, interrupted):
+    """SIGTERM as the 2nd periodic evaluation starts (and again as the resumed run's 2nd starts), or as the last one
+    starts (at step 400, also the final one): each resumed run runs the interrupted evaluation first, and the last
+    ends with the same metrics records (SPS aside), model.pt and final evaluation as the run left alone. Fails if
+    the evaluation a signal cut short is lost (the old behaviour: evaluations at steps [100, 300, 400] instead of
+    [100, 200, 300, 400])."""
+    algo = ALGOS[name]
+    changes = dict(total_timesteps=400, eval_frequency=100, learning_starts=50)
+    algo.main(args_for(name, run_name="alone", **changes))
+    sigterm_at_evaluation(monkeypatch, algo, interrupted)
+    summary = algo.main(args_for(name, run_name="stopped", **changes))
+    assert summary["interrupted"] and summary["eval_returns"] == []
+    while summary["interrupted"]:
+        summary = resume(name, tmp_path / "runs" / "stopped")
+    alone, stopped = tmp_path / "runs" / "alone", tmp_path / "runs" / "stopped"
+    assert [r["global_step"] for r in records(alone) if "eval/episodic_return" in r] == [100, 200, 300, 400]
+    assert_same_run(alone, stopped)
+
+
+@pytest.mark.parametrize("name", ["dqn", "ddpg"])
+def test_stop_return_acts_the_same_across_a_resume(monkeypatch, tmp_path, name):
+    """--stop-return below any return: the run stops at its first evaluation. Cut short by SIGTERM, that evaluation
+    runs on resume and stops the run at the same step, with the same records. Fails if the resumed run skips it and
+    trains on."""
+    algo = ALGOS[name]
+    changes = dict(total_timesteps=400, eval_frequency=100, learning_starts=50, stop_return=-1e9)
+    alone = algo.main(args_for(name, run_name="alone", **changes))
+    sigterm_at_evaluation(monkeypatch, algo, {1})
+    algo.main(args_for(name, run_name="stopped", **changes))
+    resumed = resume(name, tmp_path / "runs" / "stopped")
+    assert alone["global_step"] == resumed["global_step"] == 100
+    assert_same_run(tmp_path / "runs" / "alone", tmp_path / "runs" / "stopped")
+
+
+# ---- extending a run ---------------------------------------------------------------------------------------
+
+
+def schedule_spies(monkeypatch, name: str) -> list[SimpleNamespace]:
+    """Per gradient step: the learning rate Adam used, the epsilon of that loop step (DQN) and PER's beta."""
+    seen, algo = [], ALGOS[name]
+    step, sample = torch.optim.Adam.step, PrioritizedReplayBuffer.sample
+    epsilons = []
+
+    def step_spy(self, *args, **kwargs):
+        seen.append(SimpleNamespace(lr=float(self.param_groups[0]["lr"]), epsilon=epsilons[-1] if epsilons else None,
+                                    beta=betas[-1] if betas else None))
+        return step(self, *args, **kwargs)
+
+    betas = []
+
+    def sample_spy(self, batch_size):
+        betas.append(self.beta)
+        return sample(self, batch_size)
+
+    if name != "ddpg":
+        epsilon_at = algo.epsilon_at
+        monkeypatch.setattr(algo, "epsilon_at", lambda s, a: epsilons.append(epsilon_at(s, a)) or epsilons[-1])
+    monkeypatch.setattr(torch.optim.Adam, "step", step_spy)
+    monkeypatch.setattr(PrioritizedReplayBuffer, "sample", sample_spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", DQNS)
+@pytest.mark.parametrize("stop_at", [300, 600], ids=["mid-run", "finished"])
+def test_extending_a_run_continues_every_schedule_without_a_jump(monkeypatch, tmp_path, name, stop_at):
+    """A run of 600 steps (epsilon to end_e over its first 360 steps, the learning rate annealed to 0, beta to 1)
+    stopped at step 300 (or finished), then resumed with --total-timesteps 1800. One update per step, so each step's
+    values are seen: the annealed learning rate and beta go on from their values at the resume step along straight
+    lines to 0 and 1 at step 1800; epsilon reaches end_e at step 360 as before, and stays. Fails if a schedule
+    is recomputed from the new total (epsilon back up, the learning rate up to a third of its start, beta down)."""
+    algo = ALGOS[name]
+    seen = schedule_spies(monkeypatch, name)
+    changes = dict(total_timesteps=600, learning_starts=100, train_frequency=1, exploration_fraction=0.6,
+                   start_e=1.0, end_e=0.1, learning_rate=1e-3, anneal_lr=True, checkpoint_frequency=600, beta_start=0.2)
+    record = algo.TransitionRecorder.record
+    if stop_at < 600:
+        count = [0]
+
+        def stop(self, *args):  # SIGTERM while the loop step that reaches `stop_at` runs
+            count[0] += 1
+            if count[0] == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return record(self, *args)
+
+        monkeypatch.setattr(algo.TransitionRecorder, "record", stop)
+    first = algo.main(args_for(name, run_name="r", **changes))
+    assert first["global_step"] == stop_at
+    before = len(seen)
+    monkeypatch.setattr(algo.TransitionRecorder, "record", record)
+    resume(name, tmp_path / "runs" / "r", "--total-timesteps", "1800")
+    steps = np.arange(101, 1801)  # the step counter at each update, one update per step after learning_starts
+    assert len(seen) == len(steps)
+    lr = np.array([s.lr for s in seen])
+    epsilon = np.array([s.epsilon for s in seen])
+
+    def line(at: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+        return y0 + (at - x0) * (y1 - y0) / (x1 - x0)
+
+    # Up to the resume step, the original run's schedules; after it, the continuation to the new end.
+    old, new = steps <= stop_at, steps > stop_at
+    np.testing.assert_allclose(lr[old], 1e-3 * (1 - steps[old] / 600), rtol=1e-5, atol=1e-12)
+    lr_at_stop = 1e-3 * (1 - stop_at / 600)
+    np.testing.assert_allclose(lr[new], line(steps[new], stop_at, lr_at_stop, 1800, 0.0), rtol=1e-5, atol=1e-12)
+    # epsilon is read at the step before the env step (the counter then), 1 -> 0.1 over 360 steps
+    np.testing.assert_allclose(epsilon, np.maximum(0.1, 1.0 - 0.9 * (steps - 1) / 360), rtol=1e-7, atol=1e-12)
+    if name == "per_dqn":
+        beta = np.array([s.beta for s in seen])
+        np.testing.assert_allclose(beta[old], 0.2 + 0.8 * steps[old] / 600, rtol=1e-9)
+        np.testing.assert_allclose(beta[new], line(steps[new], stop_at, 0.2 + 0.8 * stop_at / 600, 1800, 1.0),
+                                   rtol=1e-9)
+    assert before == int(old.sum())
+    config = (tmp_path / "runs" / "r" / "config.yaml").read_text()
+    assert f"schedule_start: {stop_at}" in config and "total_timesteps: 1800" in config
+
+
+def test_a_total_below_the_step_reached_is_refused(tmp_path):
+    ALGOS["dqn"].main(args_for("dqn", run_name="r", total_timesteps=300, checkpoint_frequency=300))
+    before = hashes(tmp_path / "runs" / "r")
+    with pytest.raises(SystemExit, match="below the step the run reached, 300"):
+        resume("dqn", "runs/r", "--total-timesteps", "200")
+    assert hashes(tmp_path / "runs" / "r") == before
+
+
+# ---- W&B ---------------------------------------------------------------------------------------------------
+
+
+class FakeWandbRun:
+    def __init__(self, **kwargs):
+        self.kwargs, self.id, self.logged, self.summary = kwargs, "run-id-1", [], {}
+
+    def log(self, record, step):
+        self.logged.append(step)
+
+    def finish(self):
+        pass
+
+
+def test_a_resumed_wandb_run_is_rewound_to_the_checkpoint(monkeypatch, tmp_path):
+    """--track: the first start makes a new W&B run; --resume rewinds that run to the checkpoint's step with
+    resume_from="<id>?_step=<step>", so that W&B history equals metrics.jsonl (W&B drops steps lower than the last
+    it saw otherwise). Fails if the resumed run uses resume="must" or no rewind."""
+    import wandb
+
+    started = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: started.append(FakeWandbRun(**kwargs)) or started[-1])
+    count = [0]
+    record = ALGOS["dqn"].TransitionRecorder.record
+
+    def stop(self, *args):
+        count[0] += 1
+        if count[0] == 250:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record(self, *args)
+
+    monkeypatch.setattr(ALGOS["dqn"].TransitionRecorder, "record", stop)
+    ALGOS["dqn"].main(args_for("dqn", run_name="r", track=True, total_timesteps=400, checkpoint_frequency=100))
+    monkeypatch.setattr(ALGOS["dqn"].TransitionRecorder, "record", record)
+    resume("dqn", tmp_path / "runs" / "r")
+    first, second = started
+    assert "resume_from" not in first.kwargs and "resume" not in first.kwargs
+    assert second.kwargs["resume_from"] == "run-id-1?_step=250" and "resume" not in second.kwargs
+    assert min(second.logged) >= 250 and max(first.logged) <= 250
+
+
+# ---- small guards ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+@pytest.mark.parametrize("key", ["eval_frequency", "checkpoint_frequency"])
+def test_negative_frequencies_are_refused_before_the_run_directory(tmp_path, name, key):
+    with pytest.raises(SystemExit, match=f"--{key.replace('_', '-')} must be >= 0"):
+        ALGOS[name].main(args_for(name, **{key: -5}))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ddpg_refuses_lambda_slices_longer_than_the_batch(tmp_path):
+    with pytest.raises(SystemExit, match="--td-lambda-steps <= --batch-size, got 0.5, 1, 8 > 4"):
+        ALGOS["ddpg"].main(args_for("ddpg", td_lambda=0.5, td_lambda_steps=8, batch_size=4))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", DQNS)
+def test_the_cnn_is_for_uint8_images_only(name):
+    """A rank-3 float observation (a feature map) is not divided by 255 and gets the MLP; uint8 stacks the CNN."""
+    algo, actions = ALGOS[name], gym.spaces.Discrete(3)
+    floats = algo.QNetwork(gym.spaces.Box(-1.0, 1.0, (2, 5, 5), np.float32), actions)
+    pixels = algo.QNetwork(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), actions)
+    assert not floats.image and not any(isinstance(m, torch.nn.Conv2d) for m in floats.modules())
+    assert pixels.image and any(isinstance(m, torch.nn.Conv2d) for m in pixels.modules())
+    assert floats(torch.randn(7, 2, 5, 5)).shape == (7, 3)
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+def test_checkpoints_are_synced_before_and_after_the_rename(monkeypatch, name):
+    """The temporary file is fsynced before it is renamed into place and the directory after, so a node crash
+    cannot leave an empty checkpoint.pt. Fails if either fsync is missing or out of order."""
+    calls = []
+    fsync, rename = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}")))
+                        or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("rename", str(Path(b).resolve()))) or rename(a, b))
+    ALGOS[name].main(args_for(name, run_name="r", total_timesteps=200, checkpoint_frequency=200))
+    run = str(Path("runs/r").resolve())
+    renames = [i for i, c in enumerate(calls) if c[0] == "rename"]
+    assert len(renames) == 2  # at step 200, then after the final evaluation
+    for i in renames:
+        assert calls[i] == ("rename", run + "/checkpoint.pt")
+        assert calls[i - 1] == ("fsync", run + "/checkpoint.tmp") and calls[i + 1] == ("fsync", run)
+
+
+@pytest.mark.parametrize("name", ["dqn", "ddpg"])
+def test_train_sps_counts_the_training_loop_only(monkeypatch, name):
+    """A final evaluation that takes 2 s does not lower train_sps: it is the loop's steps over the loop's time.
+    Fails if train_sps is measured to the end of the run (final evaluation and checkpoint included)."""
+    algo = ALGOS[name]
+    evaluate = algo.evaluate
+
+    def slow(*args, **kwargs):
+        time.sleep(2.0)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(algo, "evaluate", slow)
+    summary = algo.main(args_for(name, total_timesteps=300, eval_frequency=0))
+    assert summary["wall_time_s"] > 2.0
+    assert summary["train_sps"] > 2 * summary["global_step"] / summary["wall_time_s"]
