@@ -16,7 +16,7 @@ eager steps, bit for bit (the same kernels, and the buffer's generator registere
     python benchmarks/gpu_tree.py                                   # CUDA, capacity 2^20
     python benchmarks/gpu_tree.py --device cpu --capacity 4096      # CPU smoke run, graph modes skipped
 
-Goal (issue 13): sample + update of 256 at 2^20 in <= 0.05 ms, compiled and graph-replayed, on an H200.
+Goal: sample + update of 256 at 2^20 in <= 0.05 ms, compiled and graph-replayed, on an H200.
 """
 
 from __future__ import annotations
