@@ -3,6 +3,7 @@
     python run.py CONFIG.yaml [--seeds 1 2 3] [--env ID ...] [--set key=value ...] [--sweep key=v1,v2 ...]
                               [--jobs N] [--track] [--ray ADDRESS] [--runs-dir runs]
     python run.py resume runs/LAUNCH_ID [--total-timesteps N] [--jobs N] [--ray ADDRESS]
+    python run.py evaluate RUNS... [--eval-episodes N] [--seed S] [--capture-video] [--jobs N]
     python run.py plot RUN_DIR... [--metric TAG] [--smooth N] [--by KEY] [--out curves.png]
     python run.py table RUN_DIR... [--by KEY]
     python run.py CONFIG.yaml --help        # every launch option (and resume/plot/table --help)
@@ -18,6 +19,7 @@ checkpoint.pt with --resume, the others from scratch; finished ones are skipped.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import io
 import itertools
@@ -722,9 +724,16 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f}min" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
+def latest_evaluation(run_dir: Path) -> dict[str, Any] | None:
+    """The newest record that `--evaluate` left in <run dir>/evaluations/ (named by its unix time), or None."""
+    records = sorted((run_dir / "evaluations").glob("*.json"), key=lambda path: float(path.stem))
+    return json.loads(records[-1].read_text()) if records else None
+
+
 def results_table(paths: list[Path], by: str | None = None) -> str:
     """Markdown, one row per (algo, env[, value of config key `by`]): the final evaluation return and the
-    mean evaluation return over the run (the area under its curve), each as mean ± std over seeds."""
+    mean evaluation return over the run (the area under its curve), each as mean ± std over seeds; and the
+    latest re-evaluation (`--evaluate`) of each run, where some run has one."""
     groups: dict[tuple[str, str, Any], list[Path]] = {}
     for run_dir in run_dirs_under(paths, "summary.json"):
         groups.setdefault(run_key(run_dir, by), []).append(run_dir)
@@ -735,12 +744,49 @@ def results_table(paths: list[Path], by: str | None = None) -> str:
         areas = [a for a in map(mean_eval_return, groups[key]) if a is not None]
         steps = sorted({s.get("global_step", 0) for s in summaries})
         walls = [s["wall_time_s"] for s in summaries if s.get("wall_time_s") is not None]
+        again = [record["mean"] for record in map(latest_evaluation, groups[key]) if record is not None]
         rows.append([key[0], key[1], *([key[2]] if by else []), len(returns), mean_and_std(returns),
                      mean_and_std(areas), steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}",
-                     duration(statistics.fmean(walls)) if walls else "-"])
+                     duration(statistics.fmean(walls)) if walls else "-", f"{mean_and_std(again)} ({len(again)})"])
     header = ["algo", "env", *([by] if by else []), "seeds", "final eval return (mean ± sample std over seeds)",
-              "mean eval return over the run (area under curve)", "steps", "wall time (mean)"]
+              "mean eval return over the run (area under curve)", "steps", "wall time (mean)",
+              "latest re-evaluation (mean ± sample std over seeds, runs)"]
+    if all(row[-1] == "- (0)" for row in rows):  # nothing re-evaluated: no column
+        header, rows = header[:-1], [row[:-1] for row in rows]
     return markdown(header, rows)
+
+
+def evaluate_runs(args: argparse.Namespace) -> int:
+    """`run.py evaluate`: each run's algorithm file with --evaluate (as processes, --jobs at a time), then a table
+    of the training's final evaluation beside the new one. The exit code is 1 if any evaluation failed."""
+    commands = {}
+    for run_dir in run_dirs_under(args.run_dirs, "config.yaml"):
+        algo = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("algo")
+        script = ROOT / "algos" / f"{algo}.py"
+        if not script.is_file():
+            fail(f"{run_dir}: its config.yaml names no algorithm of algos/ (algo: {algo})")
+        more = [flag for name in ("eval_episodes", "eval_epsilon", "seed") if getattr(args, name) is not None
+                for flag in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
+        commands[run_dir] = [sys.executable, str(script), "--evaluate", str(run_dir), *more,
+                             *(["--capture-video"] if args.capture_video else []), *(["--track"] if args.track else [])]
+    say(f"evaluating {len(commands)} run(s), {args.jobs} at a time")
+
+    def evaluated(run_dir: Path) -> subprocess.CompletedProcess:
+        done = subprocess.run(commands[run_dir], capture_output=True, text=True)
+        say(f"{'done  ' if done.returncode == 0 else 'FAILED'} {run_dir}: {(done.stdout + done.stderr).strip()[-300:]}")
+        return done
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = dict(zip(commands, pool.map(evaluated, commands), strict=True))
+    rows = []
+    for run_dir, done in results.items():
+        record = latest_evaluation(run_dir) if done.returncode == 0 else None
+        again = "failed"
+        if record is not None:
+            again = f"{record['mean']:.1f} ± {record['std']:.1f} ({len(record['returns'])} episodes)"
+        rows.append([run_dir, format_return(summary_in(run_dir)), again, (record or {}).get("video") or "-"])
+    say(markdown(["run", "final evaluation in training", "evaluation now", "video"], rows))
+    return int(any(done.returncode for done in results.values()))
 
 
 # ---------------------------------------------------------------- command line
@@ -786,6 +832,19 @@ def results_parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
+def evaluate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="run.py evaluate", description="Evaluate trained runs again with their "
+                                "algorithm file's --evaluate (model.pt, else checkpoint.pt) and tabulate.")
+    p.add_argument("run_dirs", type=Path, nargs="+", help="run directories, or directories holding them")
+    p.add_argument("--eval-episodes", type=int, help="episodes per run (default: each run's own setting)")
+    p.add_argument("--eval-epsilon", type=float, help="exploration epsilon (DQN files; default: the run's)")
+    p.add_argument("--seed", type=int, help="seed of the evaluation (default: each run's own)")
+    p.add_argument("--capture-video", action="store_true", help="record each run's first evaluation episode")
+    p.add_argument("--track", action="store_true", help="log each result (and video) to the run's W&B run")
+    p.add_argument("--jobs", type=int, default=2, help="evaluations at a time")
+    return p
+
+
 def overview() -> str:
     configs = []
     for path in sorted((ROOT / "configs").glob("*/*.yaml")):
@@ -812,6 +871,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "resume":
         return resume(resume_parser().parse_args(argv[1:]))
+    if argv[0] == "evaluate":
+        return evaluate_runs(evaluate_parser().parse_args(argv[1:]))
     return launch(launch_parser().parse_args(argv))
 
 

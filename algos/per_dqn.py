@@ -85,7 +85,8 @@ class Args:
     wandb_entity: str | None = None  # the W&B entity (team or user)
     wandb_group: str | None = None  # the W&B group (run.py sets one per launch so seeds are grouped)
     capture_video: bool = False  # record the final evaluation's first episode to <run dir>/videos/
-    save_model: bool = False  # save the Q-network's state_dict to <run dir>/model.pt
+    evaluate: str | None = None  # evaluate the networks of this run directory (see README: watch and evaluate)
+    save_model: bool = True  # save the Q-network's state_dict to <run dir>/model.pt (--evaluate reads it)
     checkpoint_frequency: int = 0  # environment steps between checkpoints (0: only on SIGTERM / Ctrl-C)
 
 
@@ -144,7 +145,7 @@ def td_target(target_network: nn.Module, batch: TensorDict) -> torch.Tensor:
 
 
 def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, args: Args):
-    """The TD loss weighted per sample by the importance weights, with the Q-values and TD errors."""
+    """DQN: the TD loss weighted per sample by the importance weights, with the Q-values and TD errors."""
     with torch.no_grad():
         target = td_target(target_network, batch)
     q = q_network(batch["obs"]).gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
@@ -209,7 +210,7 @@ def main(args: Args) -> dict:
 
     @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
     def act(obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-        explore = rng.random(len(obs)) < epsilon
+        explore = rng.random(len(obs)) < epsilon  # DQN: epsilon-greedy, a random action with probability epsilon
         actions = rng.integers(env.single_action_space.n, size=len(obs))
         if not explore.all():  # the greedy actions, where not exploring
             actions = np.where(explore, actions, q_network(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy())
@@ -251,7 +252,7 @@ def main(args: Args) -> dict:
                 if updates % 100 == 0:
                     run.log(global_step, {f"losses/{k}": v.mean().item() for k, v in metrics.items()}
                             | {"charts/beta": rb.beta, "charts/mean_weight": batch["weight"].mean().item()})
-            # One target update per interval crossed, so that several envs per step skip none.
+            # DQN: the target trails the Q-network, once per interval crossed (several envs per step skip none).
             for _ in range(crossed(args.target_network_frequency, previous, global_step)):
                 target_params.lerp_(params, args.tau)
 
@@ -306,6 +307,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
     so that later flags win and tyro checks every name and type."""
     argv = [part for arg in (sys.argv[1:] if argv is None else argv)
             for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
+    if "--evaluate" in argv[:-1]:  # the run's own arguments, and only what an evaluation may change
+        allowed = {"--evaluate", "--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track"}
+        given = {arg.replace("--no-", "--") for arg in argv if arg.startswith("--")}
+        if given - allowed:
+            fail(f"--evaluate takes only {', '.join(sorted(allowed - {'--evaluate'}))}; got {sorted(given - allowed)}")
+        return tyro.cli(Args, args=flags(run_config(argv[argv.index("--evaluate") + 1])) + argv)
     if "--resume" in argv:
         if len(argv) % 2 or set(argv[::2]) - {"--resume", "--total-timesteps"}:
             fail(f"--resume continues a run with its saved arguments; only --total-timesteps may change, got {argv}")
@@ -317,6 +324,18 @@ def parse_args(argv: list[str] | None = None) -> Args:
               "--config or flags override it")
         args = tyro.cli(Args, args=flags(ATARI_PRESET) + argv)
     return args
+
+
+def run_config(run_dir: str) -> dict:
+    """<run dir>/config.yaml, the arguments of a run of this algorithm (a run of another is a one-line error)."""
+    try:
+        values = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+        algo = values.pop("algo", None)
+    except (OSError, yaml.YAMLError, AttributeError) as e:
+        fail(f"cannot read the run's arguments in {Path(run_dir) / 'config.yaml'}: {e}")
+    if algo != ALGO:
+        fail(f"{run_dir} is a run of algos/{algo}.py, not {ALGO}.py: evaluate it with algos/{algo}.py")
+    return values
 
 
 def load_checkpoint(run_dir: str) -> dict:
@@ -350,7 +369,10 @@ class Run:
             if getattr(args, name) < 0:
                 fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
         self.resumed = load_checkpoint(args.resume) if args.resume else None
-        if self.resumed is not None:  # the run goes on in the directory named, wherever that is
+        if args.evaluate:
+            self.dir = Path(args.evaluate)
+            run_config(args.evaluate)  # a run of this algorithm
+        elif self.resumed is not None:  # the run goes on in the directory named, wherever that is
             self.dir, step = Path(args.resume), self.resumed["counts"][0]
             saved = self.resumed["args"]["total_timesteps"]
             args = replace(args, run_name=self.dir.name)
@@ -386,6 +408,9 @@ class Run:
         """Open the run directory; return the loop's (obs, counts), as given or as the checkpoint left them (every
         part restored; an evaluation it left due run first). `parts`: what a checkpoint saves; counts[0]: the step."""
         self.parts, self.evaluation, state = parts, evaluation, self.resumed
+        if self.args.evaluate:
+            self.load_networks()
+            return obs, counts
         if state is not None:
             try:
                 games = load_env_state(parts["env"], state["env"])  # None; Atari: new games (README: resume)
@@ -402,7 +427,7 @@ class Run:
             obs, counts = (state["obs"].numpy() if games is None else games), state["counts"]
             self.due, self.last = state["due"], state["last"]
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(asdict(self.args), sort_keys=False))
+        (self.dir / "config.yaml").write_text(yaml.safe_dump({"algo": ALGO, **asdict(self.args)}, sort_keys=False))
         self.metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in finish)
         self.metrics.truncate(state["metrics_bytes"] if state else 0)  # drop what came after the checkpoint
         if self.args.track:  # a resumed W&B run is rewound to the checkpoint (synced later when offline)
@@ -426,7 +451,7 @@ class Run:
         self.signal = self.signal or signal.Signals(signum).name
 
     def training(self, step: int) -> bool:
-        return step < self.args.total_timesteps and self.signal is None and not self.reached
+        return step < self.args.total_timesteps and not (self.signal or self.reached or self.args.evaluate)
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"global_step": step, **{k: float(v) for k, v in metrics.items()}}
@@ -474,8 +499,60 @@ class Run:
         os.fsync(directory)
         os.close(directory)
 
+    def load_networks(self) -> None:
+        """--evaluate: the networks from model.pt, or from checkpoint.pt when the run saved no model."""
+        networks = {name: part for name, part in self.parts.items() if isinstance(part, nn.Module)}
+        summary = self.dir / "summary.json"
+        self.step = json.loads(summary.read_text())["global_step"] if summary.exists() else None
+        try:
+            if not (self.dir / "model.pt").exists() and not (self.dir / "checkpoint.pt").exists():
+                fail(f"{self.dir} has no model.pt nor checkpoint.pt: nothing to evaluate")
+            if (self.dir / "model.pt").exists():
+                self.source, model = "model.pt", torch.load(self.dir / "model.pt", weights_only=True)
+                model = model if set(model) == set(networks) else {name: model for name in networks}  # one network
+            else:
+                self.source, model = "checkpoint.pt", load_checkpoint(str(self.dir))
+                self.step = model["counts"][0]
+            for name, network in networks.items():
+                network.load_state_dict(model[name])
+        except (OSError, KeyError, RuntimeError) as e:
+            fail(f"cannot load the networks of {self.dir} from {self.source}: {e}")
+
+    def reevaluate(self) -> dict:
+        """--evaluate: one record, evaluations/<time>.json (settings and every episode's return), the video beside
+        it; the run directory is otherwise left as it was."""
+        args, start = self.args, time.time()
+        out, stamp = self.dir / "evaluations", f"{start:.3f}"
+        out.mkdir(exist_ok=True)
+        video = out / f"{stamp}-video" if args.capture_video else None
+        returns = self.evaluation(video_dir=str(video) if video else None)
+        mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
+        record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
+                  "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
+                  "returns": returns, "mean": mean, "std": std, "video": None, "time": stamp}
+        if video is not None:  # env 0's first episode: the first return
+            record["video"] = f"{stamp}-episode-0-return-{returns[0]:g}.mp4"
+            os.replace(video / "eval-episode-0.mp4", out / record["video"])
+            video.rmdir()
+        (out / f"{stamp}.json").write_text(json.dumps(record, indent=2))
+        if args.track:  # into the run's own W&B run
+            import wandb
+
+            ids = [path.name.rsplit("-", 1)[-1] for path in sorted((self.dir / "wandb").glob("*run-*-*"))]
+            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, id=ids[-1] if ids else None,
+                             resume="allow", dir=str(self.dir))
+            run.log({"evaluate/return_mean": mean, "evaluate/return_std": std}
+                    | ({"evaluate/video": wandb.Video(str(out / record["video"]))} if video else {}))
+            run.finish()
+        self.parts["env"].close()
+        print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
+              f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
+        return record
+
     def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict:
         """The final evaluation, a checkpoint (when stopped or checkpointing), model.pt, summary.json, one line."""
+        if self.args.evaluate:
+            return self.reevaluate()
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
         if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
             self.evaluate(step, video=args.capture_video)

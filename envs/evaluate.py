@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
-from .make import is_atari, make_vector_env
+from .make import _env_spec, atari_settings, is_atari, make_vector_env
 from .recorder import EpisodeStats
 
 ATARI_FPS = 15  # 60 Hz emulator with frameskip 4
@@ -44,10 +46,13 @@ def evaluate(
     `abort`, if given, is asked before every step; when it returns True the evaluation stops by
     raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
 
-    With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`:
-    `env.render()` frames for gymnasium envs (the terminal frame is missing: in SAME_STEP mode
-    the env has reset before it can be rendered), and for Atari, which cannot render, the newest
-    84x84 grayscale frame of each observation stack.
+    With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`, from the
+    first observation to the terminal one. Its frames come from a mirror of env 0 (see `Mirror`): an
+    env of the same id, settings and seed that takes env 0's actions, so it plays the same episode, and
+    shows it as a person would see it: `render()` frames for gymnasium envs (the terminal frame
+    included, which the vector env, having reset, can no longer render), and for Atari the game's own
+    colour screen (210x160 RGB, the max of the last two frames of each skip), not the 84x84 grayscale
+    stacks the policy sees.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -56,29 +61,22 @@ def evaluate(
         max_episode_steps = ATARI_MAX_EPISODE_STEPS
     if max_episode_steps is not None and max_episode_steps < 1:
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
-    render_kwargs = {"render_mode": "rgb_array"} if video_dir is not None and not atari else {}
-    env = make_vector_env(env_id, num_envs, seed, training=False, **render_kwargs)
+    env = make_vector_env(env_id, num_envs, seed, training=False)
     quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
     stats = EpisodeStats(num_envs)
     returns: list[float] = []
-    frames: list[np.ndarray] = []
-    recording = video_dir is not None
+    mirror = Mirror(env_id, seed) if video_dir is not None else None
     try:
         obs, _ = env.reset(seed=seed)
-        if recording:
-            frames.append(_frame(env, obs, atari))
         while quota.any():
             if abort is not None and abort():  # e.g. a signal arrived: the caller catches KeyboardInterrupt
                 raise KeyboardInterrupt
-            obs, reward, terminated, truncated, info = env.step(policy(obs))
+            action = policy(obs)
+            obs, reward, terminated, truncated, info = env.step(action)
             done = terminated | truncated
             capped = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
-            if recording and (done[0] or capped[0]):
-                recording = False
-                if atari:  # the last frame of the episode; gymnasium envs cannot render it any more
-                    frames.append(info["final_obs"][0, -1] if done[0] else obs[0, -1])
-            elif recording:
-                frames.append(_frame(env, obs, atari))
+            if mirror is not None and mirror.recording:
+                mirror.step(action[0], float(reward[0]), bool(done[0] or capped[0]))
             for i, ret, _ in stats.update(reward, done | capped):
                 if quota[i] > 0:
                     quota[i] -= 1
@@ -86,24 +84,69 @@ def evaluate(
             if capped.any() and quota.any():
                 # sub-envs not in the mask go on: both vector envs report their current obs
                 obs, _ = env.reset(options={"reset_mask": capped})
-        fps = ATARI_FPS if atari else env.metadata.get("render_fps", 30)
     finally:
         env.close()
-    if video_dir is not None:
-        _write_mp4(os.path.join(video_dir, "eval-episode-0.mp4"), frames, fps)
+        if mirror is not None:
+            mirror.close()
+    if mirror is not None:
+        _write_mp4(os.path.join(video_dir, "eval-episode-0.mp4"), mirror.frames, mirror.fps)
     return returns
 
 
-def _frame(env: Any, obs: np.ndarray, atari: bool) -> np.ndarray:
-    if atari:
-        return obs[0, -1]
-    try:
-        return env.render()[0]
-    except Exception as e:  # MuJoCo raises several error types when it has no OpenGL context
-        raise RuntimeError(
-            f"rendering failed ({e}): classic control needs pygame (pip install -e \".[video]\"); "
-            "headless MuJoCo needs an OpenGL backend: set MUJOCO_GL=egl (or MUJOCO_GL=osmesa)"
-        ) from e
+class Mirror:
+    """A single env that replays env 0's actions of an evaluation to film its first episode.
+
+    Same id, settings and seed as sub-env 0 of `make_vector_env(env_id, n, seed)` after
+    `reset(seed=seed)` (gymnasium seeds sub-env i with seed + i; ale-py's vector env seeds the same
+    way), so the same actions give the same episode: its `render()` frames (gymnasium) or its colour
+    screen (Atari: the same AtariVectorEnv settings, in RGB at the emulator's 210x160 and one frame a
+    step). The terminal frame is rendered before any reset. If the mirror's rewards ever differ from
+    env 0's, it stops with a warning: the video would not be the episode whose return is reported.
+    """
+
+    def __init__(self, env_id: str, seed: int):
+        self.atari, self.frames, self.recording, self.reward = is_atari(env_id), [], True, 0.0
+        if self.atari:
+            from ale_py.vector_env import AtariVectorEnv
+
+            settings = atari_settings(env_id, grayscale=False, img_height=210, img_width=160, stack_num=1)
+            self.env = AtariVectorEnv(_env_spec(env_id).kwargs["game"], 1, num_threads=1, **settings)
+            self.fps = ATARI_FPS
+            obs, _ = self.env.reset(seed=seed)
+            self.frames.append(obs[0, -1])
+        else:
+            self.env = gym.make(_env_spec(env_id), render_mode="rgb_array")
+            self.fps = self.env.metadata.get("render_fps", 30)
+            self.env.reset(seed=seed)
+            self.frames.append(self.render())
+
+    def step(self, action: Any, reward: float, ended: bool) -> None:
+        """Take env 0's `action` (which gave it `reward`; `ended`: its episode ended or was capped)."""
+        if self.atari:
+            obs, mirrored, terminated, truncated, info = self.env.step(np.asarray([action]))
+            done = bool(terminated[0] or truncated[0])
+            self.frames.append(info["final_obs"][0, -1] if done else obs[0, -1])  # the colour screen
+            mirrored = float(mirrored[0])
+        else:
+            _, mirrored, terminated, truncated, _ = self.env.step(action)
+            self.frames.append(self.render())  # before any reset: the terminal frame is in the video
+        if mirrored != reward:
+            warnings.warn(f"the video's episode left the evaluated one after {len(self.frames) - 1} steps "
+                          f"(reward {mirrored} against {reward}); it stops there", stacklevel=2)
+            ended = True
+        self.recording = not ended
+
+    def render(self) -> np.ndarray:
+        try:
+            return self.env.render()
+        except Exception as e:  # MuJoCo raises several error types when it has no OpenGL context
+            raise RuntimeError(
+                f"rendering failed ({e}): classic control needs pygame (pip install -e \".[video]\"); "
+                "headless MuJoCo needs an OpenGL backend: set MUJOCO_GL=egl (or MUJOCO_GL=osmesa)"
+            ) from e
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def _write_mp4(path: str, frames: list[np.ndarray], fps: float) -> None:
@@ -126,11 +169,6 @@ def check_video(env_id: str) -> None:
         import imageio_ffmpeg  # noqa: F401
     except ImportError as e:
         raise ImportError('videos need imageio and imageio-ffmpeg: pip install -e ".[video]"') from e
-    if is_atari(env_id):  # frames come from the observations
+    if is_atari(env_id):  # frames come from the emulator's screen
         return
-    env = make_vector_env(env_id, 1, 0, training=False, render_mode="rgb_array")
-    try:
-        env.reset(seed=0)
-        _frame(env, None, atari=False)
-    finally:
-        env.close()
+    Mirror(env_id, 0).close()  # renders its first frame

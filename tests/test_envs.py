@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -360,10 +361,14 @@ def test_evaluate_cartpole(tmp_path):
     pytest.importorskip("pygame")
     imageio = pytest.importorskip("imageio.v2")
     video_dir = tmp_path / "videos"
-    returns = evaluate("CartPole-v1", zeros_policy, 1, seed=1, video_dir=str(video_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the mirror that films the episode must not leave it
+        returns = evaluate("CartPole-v1", zeros_policy, 1, seed=1, video_dir=str(video_dir))
     frames = imageio.mimread(video_dir / "eval-episode-0.mp4")
-    assert len(frames) == returns[0]  # one frame per state before each step (reward 1 per step)
+    assert len(frames) == returns[0] + 1  # the first state and one after each step, the terminal one included
     assert frames[0].shape == (400, 600, 3)
+    # the pole falls: the last frame (the terminal state) differs from the one before it
+    assert np.abs(frames[-1].astype(int) - frames[-2].astype(int)).sum() > 0
 
 
 def test_evaluate_plays_a_fixed_share_per_env():
@@ -408,13 +413,21 @@ def test_evaluate_caps_atari_episodes_by_default(monkeypatch):
     assert max(first) > 1 and all(r % 5 == 0 for r in first)  # raw game score, not clipped
 
 
-def test_evaluate_atari_video(tmp_path):
+def test_evaluate_atari_video_shows_the_game_in_colour(tmp_path):
+    """The video of an Atari evaluation is the game's screen (210x160, RGB), one frame per agent step from the
+    first observation to the terminal one, of the episode whose return is reported (a mirror env that leaves
+    it warns, and warnings are errors here). Fails if the video shows the 84x84 grayscale observations."""
     imageio = pytest.importorskip("imageio.v2")
-    fire = lambda obs: np.ones(len(obs), dtype=np.int64)  # noqa: E731
-    returns = evaluate("BreakoutNoFrameskip-v4", fire, 1, seed=0, video_dir=str(tmp_path))
-    assert len(returns) == 1
-    frames = imageio.mimread(tmp_path / "eval-episode-0.mp4")
-    assert len(frames) > 20 and frames[0].shape[:2] == (84, 84)
+    rng = np.random.default_rng(0)
+    policy = lambda obs: rng.integers(0, 4, len(obs))  # noqa: E731  (Breakout: noop, fire, right, left)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        returns = evaluate("BreakoutNoFrameskip-v4", policy, 1, seed=0, video_dir=str(tmp_path))
+    assert len(returns) == 1 and returns[0] > 0
+    frames = np.stack(imageio.mimread(tmp_path / "eval-episode-0.mp4", memtest=False))
+    assert frames.shape[1:] == (210, 160, 3) and len(frames) > 50
+    colour = np.abs(frames[..., 0].astype(int) - frames[..., 2].astype(int)).mean()
+    assert colour > 1  # grayscale frames have equal channels
 
 
 def test_mujoco_smoke():
