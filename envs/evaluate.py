@@ -115,6 +115,7 @@ class Mirror:
             obs, _ = self.env.reset(seed=seed)
             self.frames.append(obs[0, -1])
         else:
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rgb_array frames need no display (headless)
             self.env = gym.make(_env_spec(env_id), render_mode="rgb_array")
             self.fps = self.env.metadata.get("render_fps", 30)
             self.env.reset(seed=seed)
