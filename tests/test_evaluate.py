@@ -48,6 +48,7 @@ def files(run_dir: Path) -> dict[str, str]:
             if p.is_file() and p.relative_to(run_dir).parts[0] != "evaluations"}
 
 
+@pytest.mark.slow  # processes, or a run per algorithm
 @pytest.mark.parametrize("name", list(ALGOS))
 @pytest.mark.parametrize("source", ["model.pt", "checkpoint.pt"])
 def test_evaluating_with_the_runs_settings_repeats_its_final_evaluation(name, source):
@@ -78,6 +79,7 @@ def test_the_same_seed_gives_the_same_returns_and_another_epsilon_other_ones():
     assert len(list((run / "evaluations").glob("*.json"))) == 3
 
 
+@pytest.mark.slow  # processes, or a run per algorithm
 def test_a_run_of_another_algorithm_and_other_flags_are_refused(tmp_path):
     run = trained("dqn")
     before = files(run)
@@ -141,6 +143,7 @@ def test_track_logs_the_evaluation_to_the_runs_wandb_run(monkeypatch):
     assert seen["logged"]["evaluate/return_mean"] == record["mean"]
 
 
+@pytest.mark.slow  # processes, or a run per algorithm
 def test_run_py_evaluates_many_runs_and_the_table_shows_the_latest(tmp_path):
     for seed in (1, 2):
         ALGOS["dqn"].main(tiny_args(ALGOS["dqn"], env="CartPole-v1", seed=seed, eval_episodes=2,
