@@ -19,6 +19,18 @@ _CUDA = pytest.param(
 )
 
 
+@pytest.fixture
+def main_in_tmp_path(tmp_path, monkeypatch):
+    """For tests that call an algorithm's main(): runs write under tmp_path, W&B is off, and main's
+    process-wide torch settings (threads, DDPG's flush-to-zero) are put back afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(False)  # torch's default
+
+
 @pytest.fixture(params=["cpu", _CUDA])
 def device(request) -> torch.device:
     """Every buffer test runs on the CPU, and on CUDA when a GPU is present."""

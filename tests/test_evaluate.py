@@ -12,21 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from tests.algo_utils import ROOT, load_algo, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)
+pytestmark = pytest.mark.usefixtures("main_in_tmp_path")  # see conftest.py
 
 
 def trained(name: str, **changes) -> Path:

@@ -39,15 +39,7 @@ LOW, HIGH = probe_env.ContinuousProbeEnv.action_space.low, probe_env.ContinuousP
 # ---- helpers --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """Runs write under tmp_path; main's process-wide torch settings are put back afterwards."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)  # ddpg turns it on; torch's default is off
+pytestmark = pytest.mark.usefixtures("main_in_tmp_path")  # see conftest.py
 
 
 def args_for(name: str, **changes):

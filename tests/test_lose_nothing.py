@@ -29,14 +29,7 @@ ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg
 DQNS = ["dqn", "per_dqn", "nstep_dqn"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)
+pytestmark = pytest.mark.usefixtures("main_in_tmp_path")  # see conftest.py
 
 
 def args_for(name: str, **changes):
@@ -354,5 +347,5 @@ def test_train_sps_counts_the_training_loop_only(monkeypatch, name):
 
     monkeypatch.setattr(algo, "evaluate", slow)
     summary = algo.main(args_for(name, total_timesteps=300, eval_frequency=0))
-    assert summary["wall_time_s"] > 1.0
-    assert summary["train_sps"] > 2 * summary["global_step"] / summary["wall_time_s"]
+    # the loop took at most the wall time less the 1 s sleep: steps over it is at least steps over that
+    assert summary["train_sps"] * (summary["wall_time_s"] - 1.0) >= summary["global_step"]

@@ -44,16 +44,7 @@ STEPS = [("dqn", "td"), ("per_dqn", "td"), ("nstep_dqn", "td"), ("ddpg", "critic
 IDS = [f"{name}-{step}" for name, step in STEPS]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """main's Run would write under the working directory (it writes nothing before the point build stops at);
-    main's process-wide torch settings are put back afterwards."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)  # ddpg turns it on; torch's default is off
+pytestmark = pytest.mark.usefixtures("main_in_tmp_path")  # see conftest.py
 
 
 # ---- the helper every test calls -------------------------------------------------------------------------
