@@ -368,7 +368,7 @@ class Run:
         for name in ("eval_frequency", "checkpoint_frequency"):
             if getattr(args, name) < 0:
                 fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
-        self.resumed = load_checkpoint(args.resume) if args.resume else None
+        self.resumed = load_checkpoint(args.resume) if args.resume and not args.evaluate else None
         if args.evaluate:
             self.dir = Path(args.evaluate)
             run_config(args.evaluate)  # a run of this algorithm
