@@ -556,8 +556,8 @@ class Run:
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
         if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
             self.evaluate(step, video=args.capture_video)
-        if self.signal is not None or args.checkpoint_frequency:
-            self.checkpoint(obs, counts)
+        if self.signal is not None or args.checkpoint_frequency:  # after the loop's own at this step, which a kill
+            self.checkpoint(obs, counts)  # during the final evaluation falls back to; this one holds its returns
         for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
         self.parts["env"].close()
