@@ -57,9 +57,10 @@ class Args:
     td_lambda_steps: int = 8  # length of those slices (batch_size counts their steps)
     eval_frequency: int = 0  # environment steps between evaluations during training (0: only the final one)
     eval_episodes: int = 10  # episodes per evaluation
-    stop_return: float | None = None  # stop once an evaluation's mean return reaches this (needs eval_frequency)
+    stop_return: float | None = None  # stop once every seed's evaluation mean reaches this (needs eval_frequency)
 
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
+    num_seeds: int = 1  # train seeds seed .. seed+num_seeds-1 in this process, each its own run (README: many seeds)
     exp_name: str = ALGO  # the name of this experiment, part of the run name
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     config: str | None = None  # YAML file of argument defaults (keys: the names above); flags override it
@@ -361,6 +362,13 @@ def load_checkpoint(run_dir: str) -> dict:
     return state
 
 
+def seed_row(state, i: int):
+    """Seed i's part of a pack's state_dict: row i of every tensor, kept as a seed dimension of 1 (a run of one)."""
+    if isinstance(state, dict):
+        return {key: seed_row(value, i) for key, value in state.items()}
+    return state[i : i + 1] if isinstance(state, torch.Tensor) and state.ndim else state
+
+
 def generators(state: tuple | None = None) -> tuple:
     """The global generators' states (Python, legacy NumPy, torch); with `state`, restore them first."""
     if state is not None:
@@ -374,7 +382,9 @@ def generators(state: tuple | None = None) -> tuple:
 class Run:
     """Around the algorithm: arguments, seeds and device; the run directory (config.yaml, metrics.jsonl, summary.json,
     checkpoint.pt, model.pt, videos/), W&B and the progress bar; evaluations; checkpoints; signals. SIGTERM or Ctrl-C
-    ends the loop after its step (an evaluation cut short stays due) and checkpoints: --resume goes on bit for bit."""
+    ends the loop after its step (an evaluation cut short stays due) and checkpoints: --resume goes on bit for bit.
+    A pack (--num-seeds N) is N runs, each with its own directory, metrics and W&B run; the first holds the checkpoint
+    of them all."""
 
     def __init__(self, args: Args):
         for name in ("eval_frequency", "checkpoint_frequency"):
@@ -384,21 +394,28 @@ class Run:
         if args.evaluate:
             self.dir = Path(args.evaluate)
             run_config(args.evaluate)  # a run of this algorithm
-        elif self.resumed is not None:  # the run goes on in the directory named, wherever that is
+            args, self.dirs = replace(args, num_seeds=1), [self.dir]  # a run directory holds one seed's networks
+        elif self.resumed is not None:  # the run goes on in the directory named, wherever that is (a pack's beside)
             self.dir, step = Path(args.resume), self.resumed["counts"][0]
+            self.dirs = [self.dir] + [self.dir.parent / name for name in self.resumed["dirs"][1:]]
             saved = self.resumed["args"]["total_timesteps"]
             args = replace(args, run_name=self.dir.name)
             if args.total_timesteps < step:
                 fail(f"--total-timesteps {args.total_timesteps} is below the step the run reached, {step}")
             if args.total_timesteps != saved:  # train longer: schedules go on from here (see `extended`)
                 args = extended(replace(args, total_timesteps=saved), step, args.total_timesteps)
-        else:
-            name = f"{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            args = replace(args, run_name=args.run_name or name)
-            self.dir = Path("runs") / args.run_name
-            if self.dir.exists():
-                fail(f"run directory {self.dir} already exists; pick another --run-name or remove it")
-        self.args = args
+        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name (with --num-seeds: <run name>__<seed>)
+            stamp, seeds = int(time.time()), range(args.seed, args.seed + args.num_seeds)
+            names = [f"{args.env.replace('/', '-')}__{args.exp_name}__{seed}__{stamp}" for seed in seeds]
+            if args.run_name:
+                names = [args.run_name] if args.num_seeds == 1 else [f"{args.run_name}__{seed}" for seed in seeds]
+            args = replace(args, run_name=args.run_name or names[0])
+            self.dirs = [Path("runs") / name for name in names]
+            self.dir = self.dirs[0]
+            for directory in self.dirs:
+                if directory.exists():
+                    fail(f"run directory {directory} already exists; pick another --run-name or remove it")
+        self.args, self.seeds = args, list(range(args.seed, args.seed + args.num_seeds))
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
@@ -412,7 +429,7 @@ class Run:
         try:
             if self.args.capture_video:
                 check_video(self.args.env)
-            return make_vector_env(self.args.env, self.args.num_envs, self.args.seed)
+            return make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
         except (ValueError, RuntimeError, ImportError) as e:
             fail(str(e))
 
@@ -429,8 +446,9 @@ class Run:
                 for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
                     if name == "env" or (games is not None and name in ("recorder", "nstep")):
                         continue
-                    if isinstance(part, np.random.Generator):
-                        part.bit_generator.state = state[name]
+                    if isinstance(part, list):  # a generator per seed
+                        for generator, generator_state in zip(part, state[name], strict=True):
+                            generator.bit_generator.state = generator_state
                     else:  # the buffer adopts the memory-mapped storage: no second copy
                         part.load_state_dict(state[name], **({"copy": False} if name == "rb" else {}))
                 generators(state["generators"])
@@ -438,19 +456,26 @@ class Run:
                 fail(f"cannot resume from {self.dir}: {e}")
             obs, counts = (state["obs"].numpy() if games is None else games), state["counts"]
             self.due, self.last = state["due"], state["last"]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump({"algo": ALGO, **asdict(self.args)}, sort_keys=False))
-        self.metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in finish)
-        self.metrics.truncate(state["metrics_bytes"] if state else 0)  # drop what came after the checkpoint
+        configs = [asdict(self.args) | {"seed": seed, "run_name": path.name}
+                   for seed, path in zip(self.seeds, self.dirs, strict=True)]
+        self.metrics, sizes = [], state["metrics_bytes"] if state else [0] * len(self.dirs)
+        for config, path, size in zip(configs, self.dirs, sizes, strict=True):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.yaml").write_text(yaml.safe_dump({"algo": ALGO, **config}, sort_keys=False))
+            self.metrics.append(open(path / "metrics.jsonl", "a", buffering=1))  # noqa: SIM115 (closed in finish)
+            self.metrics[-1].truncate(size)  # drop what came after the checkpoint
         if self.args.track:  # a resumed W&B run is rewound to the checkpoint (synced later when offline)
             import wandb
 
-            rewind = {"resume_from": f"{state['wandb_id']}?_step={counts[0]}"} if state and state["wandb_id"] else {}
-            self.wandb = wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, **rewind,
-                                    group=self.args.wandb_group, name=self.args.run_name, config=asdict(self.args),
-                                    dir=str(self.dir), save_code=True)
-            self.video = wandb.Video
-        print(f"{'resuming' if state else 'run'} {self.dir} on {self.device}, settings in {self.dir / 'config.yaml'}")
+            ids, self.wandb, self.video = state["wandb_ids"] if state else [None] * len(self.dirs), [], wandb.Video
+            for config, path, run_id in zip(configs, self.dirs, ids or [None] * len(self.dirs), strict=True):
+                rewind = {"resume_from": f"{run_id}?_step={counts[0]}"} if run_id else {}
+                self.wandb.append(wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
+                                             **rewind, group=self.args.wandb_group, name=path.name, config=config,
+                                             dir=str(path), save_code=True, reinit="create_new"))
+        pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
+        print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, settings in "
+              f"{self.dir / 'config.yaml'}")
         self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
                         disable=not sys.stderr.isatty())
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -465,11 +490,15 @@ class Run:
     def training(self, step: int) -> bool:
         return step < self.args.total_timesteps and not (self.signal or self.reached or self.args.evaluate)
 
-    def log(self, step: int, metrics: dict) -> None:
-        record = {"global_step": step, **{k: float(v) for k, v in metrics.items()}}
-        self.metrics.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=step)
+    def log(self, step: int, metrics: dict, seed: int | None = None) -> None:
+        """A record for each seed: a list or tensor value holds one entry per seed, anything else is every seed's;
+        `seed`: for that seed (its row in the pack) alone."""
+        metrics = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+        for i in range(len(self.dirs)) if seed is None else [seed]:
+            record = {"global_step": step, **{k: float(v[i] if isinstance(v, list) else v) for k, v in metrics.items()}}
+            self.metrics[i].write(json.dumps(record) + "\n")
+            if self.wandb is not None:
+                self.wandb[i].log(record, step=step)
 
     def progress(self, step: int, recent: list[float]) -> None:
         sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
@@ -481,7 +510,7 @@ class Run:
         """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
         self.due, tick, logged = step, time.time(), self.last is not None and self.last[0] == step
         try:
-            returns = self.evaluation(video_dir=str(self.dir / "videos") if video else None,
+            returns = self.evaluation(video_dirs=[str(path / "videos") for path in self.dirs] if video else None,
                                       abort=lambda: self.signal is not None)
         except KeyboardInterrupt:
             return
@@ -489,20 +518,22 @@ class Run:
             self.eval_time += time.time() - tick
         self.due, self.last = None, (step, returns)
         if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
-            self.log(step, {"eval/episodic_return": np.mean(returns)})
-        self.reached = self.args.stop_return is not None and np.mean(returns) >= self.args.stop_return
+            self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
+        self.reached = self.args.stop_return is not None and min(map(np.mean, returns)) >= self.args.stop_return
 
     def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
         """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
-        self.metrics.flush()
-        os.fsync(self.metrics.fileno())
+        for metrics in self.metrics:
+            metrics.flush()
+            os.fsync(metrics.fileno())
         state = {"algo": ALGO, "args": asdict(self.args), "counts": counts, "obs": torch.as_tensor(obs),
-                 "due": self.due, "last": self.last, "wandb_id": self.wandb.id if self.wandb else None,
-                 "metrics_bytes": self.metrics.tell(), "generators": generators()}
+                 "due": self.due, "last": self.last, "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
+                 "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),
+                 "dirs": [path.name for path in self.dirs]}
         for name, part in self.parts.items():
-            is_generator = isinstance(part, np.random.Generator)
-            state[name] = part.bit_generator.state if is_generator else env_state(part) if name == "env" else \
-                part.state_dict()
+            is_generators = isinstance(part, list)
+            state[name] = [g.bit_generator.state for g in part] if is_generators else env_state(part) if name == "env" \
+                else part.state_dict()
         with open(self.dir / "checkpoint.tmp", "wb") as f:
             torch.save(state, f)
             os.fsync(f.fileno())
@@ -522,9 +553,9 @@ class Run:
             if (self.dir / "model.pt").exists():
                 self.source, model = "model.pt", torch.load(self.dir / "model.pt", weights_only=True)
                 model = model if set(model) == set(networks) else {name: model for name in networks}  # one network
-            else:
+            else:  # the pack's first seed, row 0
                 self.source, model = "checkpoint.pt", load_checkpoint(str(self.dir))
-                self.step = model["counts"][0]
+                self.step, model = model["counts"][0], seed_row(model, 0)
             for name, network in networks.items():
                 network.load_state_dict(model[name])
         except (OSError, KeyError, RuntimeError) as e:
@@ -537,7 +568,7 @@ class Run:
         out, stamp = self.dir / "evaluations", f"{start:.3f}"
         out.mkdir(exist_ok=True)
         video = out / f"{stamp}-video" if args.capture_video else None
-        returns = self.evaluation(video_dir=str(video) if video else None)
+        returns = self.evaluation(video_dirs=[str(video)] if video else None)[0]
         mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
         record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
                   "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
@@ -561,8 +592,9 @@ class Run:
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
         return record
 
-    def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict:
-        """The final evaluation, a checkpoint (when stopped or checkpointing), model.pt, summary.json, one line."""
+    def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict | list[dict]:
+        """The final evaluation, a checkpoint (when stopped or checkpointing), each seed's model.pt, summary.json and
+        line; returns the summary (a list of them for a pack)."""
         if self.args.evaluate:
             return self.reevaluate()
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
@@ -575,27 +607,31 @@ class Run:
         self.parts["env"].close()
         if self.signal is not None:
             print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
-        if args.save_model:
-            torch.save(model, self.dir / "model.pt")
-        returns = self.last[1] if self.signal is None else []  # a stopped run has no final evaluation
-        mean, std = (np.mean(returns), np.std(returns, ddof=1) if len(returns) > 1 else 0.0) if returns else (None,) * 2
-        summary = {"run_name": args.run_name, "env": args.env, "algo": args.exp_name, "seed": args.seed,
-                   "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
-                   "eval_returns": returns, "global_step": step, "updates": counts[1], "interrupted": bool(self.signal),
-                   "train_sps": (step - self.start_step) / max(train_time, 1e-9),
-                   "wall_time_s": time.time() - self.start_time}
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.metrics.close()
         self.bar.close()
-        if self.wandb is not None:
-            video = self.dir / "videos" / "eval-episode-0.mp4"
-            if video.exists():
-                self.wandb.log({"media/video": self.video(str(video))}, step=step)
-            self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
-            self.wandb.finish()
-        result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
-        print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {self.dir}")
-        return summary
+        summaries = []
+        for i, (seed, path) in enumerate(zip(self.seeds, self.dirs, strict=True)):
+            if args.save_model:
+                torch.save(seed_row(model, i), path / "model.pt")
+            returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
+            std = np.std(returns, ddof=1) if len(returns) > 1 else 0.0
+            mean, std = (np.mean(returns), std) if returns else (None, None)
+            summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
+                       "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
+                       "eval_returns": returns, "global_step": step, "updates": counts[1],
+                       "interrupted": bool(self.signal), "train_sps": (step - self.start_step) / max(train_time, 1e-9),
+                       "wall_time_s": time.time() - self.start_time, "num_seeds": len(self.seeds)}
+            (path / "summary.json").write_text(json.dumps(summary, indent=2))
+            summaries.append(summary)
+            self.metrics[i].close()
+            if self.wandb is not None:
+                video = path / "videos" / "eval-episode-0.mp4"
+                if video.exists():
+                    self.wandb[i].log({"media/video": self.video(str(video))}, step=step)
+                self.wandb[i].summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
+                self.wandb[i].finish()
+            result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
+            print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {path}")
+        return summaries[0] if len(summaries) == 1 else summaries
 
 
 if __name__ == "__main__":

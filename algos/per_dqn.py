@@ -14,7 +14,9 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal, NoReturn
 
@@ -29,8 +31,17 @@ from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from tqdm import tqdm
 
-from buffers import NStepReturns, PrioritizedReplayBuffer
-from envs import TransitionRecorder, check_video, env_state, evaluate, is_atari, load_env_state, make_vector_env
+from buffers import NStepReturns, PrioritizedReplayBuffer, SeedStack
+from envs import (
+    TransitionRecorder,
+    check_video,
+    env_seeds,
+    env_state,
+    evaluate,
+    is_atari,
+    load_env_state,
+    make_vector_env,
+)
 
 ALGO = Path(__file__).stem
 # Atari ids without --config: Lapan's fast Pong settings (Deep RL Hands-On, ch. 8), Rainbow's n = 3 and eval epsilon
@@ -64,13 +75,14 @@ class Args:
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
     eval_episodes: int = 10  # episodes per evaluation
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
-    stop_return: float | None = None  # stop once an evaluation's mean return reaches this (needs eval_frequency)
+    stop_return: float | None = None  # stop once every seed's evaluation mean reaches this (needs eval_frequency)
     alpha: float = 0.6  # prioritization exponent: P(i) is proportional to (|TD error| + prio_eps) ** alpha
     beta_start: float = 0.4  # importance-sampling exponent at the start, annealed linearly to 1 by the end
     prio_eps: float = 1e-6  # added to |TD error| so that every transition keeps a chance to be replayed
     n_step: int = 1  # steps folded into each target (3 is Rainbow's choice)
 
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
+    num_seeds: int = 1  # train seeds seed .. seed+num_seeds-1 in this process, each its own run (README: many seeds)
     exp_name: str = ALGO  # the name of this experiment, part of the run name
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     config: str | None = None  # YAML file of argument defaults (keys: the names above); flags override it
@@ -102,15 +114,68 @@ class QNetwork(nn.Module):
         self.image = len(shape) == 3 and observation_space.dtype == np.uint8  # (frames, height, width) pixels
         if self.image:
             conv = nn.Sequential(nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
-                                 nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
-            features = conv(torch.zeros(1, *shape)).shape[1]
+                                 nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(2))
+            features = conv[:-1](torch.zeros(1, *shape)).numel()
             self.net = nn.Sequential(conv, nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, actions))
         else:
             self.net = nn.Sequential(nn.Linear(int(np.prod(shape)), 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                                      nn.Linear(256, actions))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float() / 255.0 if self.image else obs.float().flatten(1))
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [seeds, batch, ...] -> [seeds, batch, actions]
+        return self.net(obs.float() / 255.0 if self.image else obs.float().flatten(2))
+
+
+class SeedLinear(nn.Module):
+    """The nn.Linear of every seed of a pack, stacked: [seeds, batch, in] -> [seeds, batch, out], one baddbmm."""
+
+    def __init__(self, layers: list[nn.Linear]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in]
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]).unsqueeze(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight.mT)
+
+
+class SeedConv2d(nn.Module):
+    """The nn.Conv2d of every seed, stacked: [seeds, batch, C, H, W] in and out, the seeds as groups of channels."""
+
+    def __init__(self, layers: list[nn.Conv2d]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in, k, k]
+        self.bias, self.stride = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers])), layers[0].stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seeds = x.shape[0]
+        x = F.conv2d(x.transpose(0, 1).flatten(1, 2), self.weight.flatten(0, 1), self.bias.flatten(), self.stride,
+                     groups=seeds)
+        return x.unflatten(1, (seeds, -1)).transpose(0, 1)
+
+
+def stacked(network: Callable[[], nn.Module], seeds: list[int]) -> nn.Module:
+    """Each seed's network, initialised as a run of that seed alone initialises it, as one module whose layers hold
+    the seeds' parameters on a leading dimension: every seed is its own network, computed in one pass."""
+    networks = []
+    for seed in seeds:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            networks.append(network())
+    for name, layer in list(networks[0].named_modules()):
+        if isinstance(layer, nn.Linear | nn.Conv2d):
+            seed_layer = SeedLinear if isinstance(layer, nn.Linear) else SeedConv2d
+            networks[0].set_submodule(name, seed_layer([network.get_submodule(name) for network in networks]))
+    return networks[0]
+
+
+def clip_grad_norm_per_seed(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """nn.utils.clip_grad_norm_ for each seed (row i of every stacked .grad) on its own, since a norm over the stack
+    would couple the seeds; returns the seeds' norms before clipping [seeds]."""
+    grads = [p.grad for p in parameters]
+    norms = torch.stack([grad.flatten(1).norm(dim=1) for grad in grads]).norm(dim=0)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for grad in grads:
+        grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
+    return norms
 
 
 def epsilon_at(step: int, args: Args) -> float:
@@ -140,17 +205,18 @@ def extended(args: Args, step: int, total_timesteps: int) -> Args:
 
 def td_target(target_network: nn.Module, batch: TensorDict) -> torch.Tensor:
     """reward + discount * max_a Q_target(next_obs, a), with the n-step reward and discount stored."""
-    next_q = target_network(batch["next_obs"]).max(dim=1).values
+    next_q = target_network(batch["next_obs"]).max(dim=-1).values
     return batch["reward"] + batch["discount"] * next_q
 
 
 def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, args: Args):
-    """DQN: the TD loss weighted per sample by the importance weights, with the Q-values and TD errors."""
+    """DQN: each seed's TD loss on its batch [seeds, batch], weighted per sample by the importance weights, with the
+    Q-values and TD errors."""
     with torch.no_grad():
         target = td_target(target_network, batch)
-    q = q_network(batch["obs"]).gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+    q = q_network(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
     loss = (F.mse_loss if args.loss == "mse" else F.smooth_l1_loss)(q, target, reduction="none")
-    return (batch["weight"] * loss).mean(), q.detach(), (q - target).detach()  # PER: weighted loss, TD errors
+    return (batch["weight"] * loss).mean(1), q.detach(), (q - target).detach()  # PER: weighted loss, TD errors
 
 
 def make_update(q_network: nn.Module, target_network: nn.Module, optimizer: torch.optim.Optimizer, args: Args):
@@ -159,16 +225,16 @@ def make_update(q_network: nn.Module, target_network: nn.Module, optimizer: torc
     def update(batch: TensorDict) -> TensorDict:
         loss, q, td_error = q_loss(q_network, target_network, batch, args)
         optimizer.zero_grad()
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+        loss.sum().backward()  # the sum: each seed's gradient is its own loss's, and Adam is per element
+        grad_norm = clip_grad_norm_per_seed(list(q_network.parameters()), args.max_grad_norm)
         optimizer.step()
-        return TensorDict(td_loss=loss.detach(), q_values=q.mean(), grad_norm=grad_norm, abs_td_error=td_error.abs())
+        return TensorDict(td_loss=loss.detach(), q_values=q.mean(1), grad_norm=grad_norm, abs_td_error=td_error.abs())
 
     return update
 
 
 def check_args(args: Args) -> None:
-    for name in ("total_timesteps", "num_envs", "threads", "buffer_size", "batch_size", "train_frequency",
+    for name in ("total_timesteps", "num_envs", "num_seeds", "threads", "buffer_size", "batch_size", "train_frequency",
                  "gradient_steps", "target_network_frequency", "eval_episodes", "n_step"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -181,27 +247,28 @@ def check_args(args: Args) -> None:
 def main(args: Args) -> dict:
     check_args(args)
     run = Run(args)  # the run directory, checkpoints, logging, signals: the plumbing at the end of this file
-    args, device = run.args, run.device
-    env = run.make_env()
+    args, device, seeds = run.args, run.device, run.seeds  # seeds: the runs of this process, rows of every tensor
+    env = run.make_env()  # num_envs per seed: seed i's in rows i * num_envs ... (i + 1) * num_envs - 1
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
         fail(f"DQN needs a discrete action space; {args.env} has {env.single_action_space} "
              "(use algos/ddpg.py for continuous actions)")
 
     # The target network lives on the meta device and reads target_params, a copy that one lerp_ moves.
-    q_network = QNetwork(env.single_observation_space, env.single_action_space).to(device)
+    network = partial(QNetwork, env.single_observation_space, env.single_action_space)
+    q_network = stacked(network, seeds).to(device)
     params = from_module(q_network).data
     target_params = params.clone()
     with torch.device("meta"):
-        target_network = QNetwork(env.single_observation_space, env.single_action_space)
+        target_network = stacked(network, seeds)
     target_params.to_module(target_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device), fused=True,
                                  capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
     frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
-    rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed,
-                                 frame_stack)  # PER: a sum tree of priorities
-    nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
-    recorder = TransitionRecorder(args.num_envs, clip_reward=is_atari(args.env))
-    explore_rng = np.random.default_rng(args.seed)
+    rb = SeedStack([PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, seed,
+                                            frame_stack) for seed in seeds])  # PER: a sum tree of priorities per seed
+    nstep = SeedStack([NStepReturns(args.n_step, args.gamma, args.num_envs) for _ in seeds])
+    recorder = TransitionRecorder(env.num_envs, clip_reward=is_atari(args.env))
+    explore_rngs = [np.random.default_rng(seed) for seed in seeds]
     update = make_update(q_network, target_network, optimizer, args)
     if args.compile:
         update = torch.compile(update)
@@ -209,49 +276,60 @@ def main(args: Args) -> dict:
         update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
 
     @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
-    def act(obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-        explore = rng.random(len(obs)) < epsilon  # DQN: epsilon-greedy, a random action with probability epsilon
-        actions = rng.integers(env.single_action_space.n, size=len(obs))
+    def act(obs: np.ndarray, epsilon: float, rngs: list[np.random.Generator]) -> np.ndarray:
+        """Actions [seeds, envs] for obs [seeds, envs, ...], seed i's drawn from rngs[i] alone."""
+        explore = np.stack([rng.random(obs.shape[1]) < epsilon for rng in rngs])  # DQN: epsilon-greedy
+        actions = np.stack([rng.integers(env.single_action_space.n, size=obs.shape[1]) for rng in rngs])
         if not explore.all():  # the greedy actions, where not exploring
-            actions = np.where(explore, actions, q_network(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy())
+            greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1).cpu().numpy()
+            actions = np.where(explore, actions, greedy)
         return actions
 
-    def evaluation(**options) -> list[float]:
-        """Episodes of the epsilon-greedy policy on envs seeded apart from training (seed + 10000)."""
-        eval_rng = np.random.default_rng(args.seed + 10_000)
-        return evaluate(args.env, lambda obs: act(obs, args.eval_epsilon, eval_rng), args.eval_episodes,
-                        seed=args.seed + 10_000, **options)
+    def evaluation(video_dirs: list[str] | None = None, abort=None) -> list[list[float]]:
+        """Each seed's episodes of its epsilon-greedy policy on envs seeded apart from training (seed + 10000)."""
+        returns = []
+        for i, seed in enumerate(seeds):  # the other rows draw from a spare generator: seed i's draws are its own
+            rngs = [np.random.default_rng(seed + 10_000) if j == i else np.random.default_rng() for j in seeds]
+
+            def policy(obs: np.ndarray, i: int = i, rngs: list = rngs) -> np.ndarray:
+                return act(np.stack([obs] * len(seeds)), args.eval_epsilon, rngs)[i]
+
+            returns.append(evaluate(args.env, policy, args.eval_episodes, seed=seed + 10_000, abort=abort,
+                                    video_dir=video_dirs[i] if video_dirs else None))
+        return returns
 
     # Everything a checkpoint holds; with --resume, run.start loads it back and continues where it stopped.
     parts = dict(env=env, rb=rb, q_network=q_network, target_params=target_params, optimizer=optimizer,
-                 recorder=recorder, nstep=nstep, explore=explore_rng)
-    obs, _ = env.reset(seed=args.seed)
+                 recorder=recorder, nstep=nstep, explore=explore_rngs)
+    obs, _ = env.reset(seed=env_seeds(seeds, args.num_envs))
     obs, (global_step, updates, recent) = run.start(parts, obs, (0, 0, []), evaluation)
 
     # Collect, store, learn. global_step counts environment steps over all envs.
     while run.training(global_step):
         epsilon = epsilon_at(global_step, args)
-        action = act(obs, epsilon, explore_rng)
+        action = act(obs.reshape(len(seeds), args.num_envs, *obs.shape[1:]), epsilon, explore_rngs).reshape(-1)
         next_obs, reward, terminated, truncated, info = env.step(action)
         transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        transitions = transitions.reshape(len(seeds), args.num_envs)  # row i: seed i's envs
         rb.extend(nstep.push(rb.add_frames(transitions)))
         obs = next_obs
         previous, global_step = global_step, global_step + args.num_envs
         for episode in finished:
             recent = (recent + [episode["episodic_return"]])[-20:]
-            run.log(global_step, {f"charts/{k}": v for k, v in episode.items()} | {"charts/epsilon": epsilon})
+            run.log(global_step, {f"charts/{k}": v for k, v in episode.items() if k != "env"}
+                    | {"charts/epsilon": epsilon}, seed=episode["env"] // args.num_envs)
 
         if global_step > args.learning_starts and len(rb) >= args.batch_size:
             optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
             rb.beta = args.beta_start + annealed(global_step, args) * (1.0 - args.beta_start)  # PER: beta to 1
             for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
-                batch = rb.sample(args.batch_size)  # PER: drawn by priority, with importance weights
+                batch = rb.sample(args.batch_size)  # PER: drawn by priority, with weights; [seeds, batch_size]
                 metrics = update(batch)
                 rb.update_priority(batch["index"], metrics["abs_td_error"])  # PER: the new |TD errors|
                 updates += 1
                 if updates % 100 == 0:
-                    run.log(global_step, {f"losses/{k}": v.mean().item() for k, v in metrics.items()}
-                            | {"charts/beta": rb.beta, "charts/mean_weight": batch["weight"].mean().item()})
+                    run.log(global_step, {f"losses/{k}": v.view(len(seeds), -1).mean(1) for k, v in metrics.items()}
+                            | {"charts/beta": rb.beta, "charts/mean_weight": batch["weight"].mean(1)})
             # DQN: the target trails the Q-network, once per interval crossed (several envs per step skip none).
             for _ in range(crossed(args.target_network_frequency, previous, global_step)):
                 target_params.lerp_(params, args.tau)
@@ -349,6 +427,13 @@ def load_checkpoint(run_dir: str) -> dict:
     return state
 
 
+def seed_row(state, i: int):
+    """Seed i's part of a pack's state_dict: row i of every tensor, kept as a seed dimension of 1 (a run of one)."""
+    if isinstance(state, dict):
+        return {key: seed_row(value, i) for key, value in state.items()}
+    return state[i : i + 1] if isinstance(state, torch.Tensor) and state.ndim else state
+
+
 def generators(state: tuple | None = None) -> tuple:
     """The global generators' states (Python, legacy NumPy, torch); with `state`, restore them first."""
     if state is not None:
@@ -362,7 +447,9 @@ def generators(state: tuple | None = None) -> tuple:
 class Run:
     """Around the algorithm: arguments, seeds and device; the run directory (config.yaml, metrics.jsonl, summary.json,
     checkpoint.pt, model.pt, videos/), W&B and the progress bar; evaluations; checkpoints; signals. SIGTERM or Ctrl-C
-    ends the loop after its step (an evaluation cut short stays due) and checkpoints: --resume goes on bit for bit."""
+    ends the loop after its step (an evaluation cut short stays due) and checkpoints: --resume goes on bit for bit.
+    A pack (--num-seeds N) is N runs, each with its own directory, metrics and W&B run; the first holds the checkpoint
+    of them all."""
 
     def __init__(self, args: Args):
         for name in ("eval_frequency", "checkpoint_frequency"):
@@ -372,21 +459,28 @@ class Run:
         if args.evaluate:
             self.dir = Path(args.evaluate)
             run_config(args.evaluate)  # a run of this algorithm
-        elif self.resumed is not None:  # the run goes on in the directory named, wherever that is
+            args, self.dirs = replace(args, num_seeds=1), [self.dir]  # a run directory holds one seed's networks
+        elif self.resumed is not None:  # the run goes on in the directory named, wherever that is (a pack's beside)
             self.dir, step = Path(args.resume), self.resumed["counts"][0]
+            self.dirs = [self.dir] + [self.dir.parent / name for name in self.resumed["dirs"][1:]]
             saved = self.resumed["args"]["total_timesteps"]
             args = replace(args, run_name=self.dir.name)
             if args.total_timesteps < step:
                 fail(f"--total-timesteps {args.total_timesteps} is below the step the run reached, {step}")
             if args.total_timesteps != saved:  # train longer: schedules go on from here (see `extended`)
                 args = extended(replace(args, total_timesteps=saved), step, args.total_timesteps)
-        else:
-            name = f"{args.env.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            args = replace(args, run_name=args.run_name or name)
-            self.dir = Path("runs") / args.run_name
-            if self.dir.exists():
-                fail(f"run directory {self.dir} already exists; pick another --run-name or remove it")
-        self.args = args
+        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name (with --num-seeds: <run name>__<seed>)
+            stamp, seeds = int(time.time()), range(args.seed, args.seed + args.num_seeds)
+            names = [f"{args.env.replace('/', '-')}__{args.exp_name}__{seed}__{stamp}" for seed in seeds]
+            if args.run_name:
+                names = [args.run_name] if args.num_seeds == 1 else [f"{args.run_name}__{seed}" for seed in seeds]
+            args = replace(args, run_name=args.run_name or names[0])
+            self.dirs = [Path("runs") / name for name in names]
+            self.dir = self.dirs[0]
+            for directory in self.dirs:
+                if directory.exists():
+                    fail(f"run directory {directory} already exists; pick another --run-name or remove it")
+        self.args, self.seeds = args, list(range(args.seed, args.seed + args.num_seeds))
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
@@ -400,7 +494,7 @@ class Run:
         try:
             if self.args.capture_video:
                 check_video(self.args.env)
-            return make_vector_env(self.args.env, self.args.num_envs, self.args.seed)
+            return make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
         except (ValueError, RuntimeError, ImportError) as e:
             fail(str(e))
 
@@ -417,8 +511,9 @@ class Run:
                 for name, part in parts.items():  # new Atari games start no episode statistics nor n-step windows
                     if name == "env" or (games is not None and name in ("recorder", "nstep")):
                         continue
-                    if isinstance(part, np.random.Generator):
-                        part.bit_generator.state = state[name]
+                    if isinstance(part, list):  # a generator per seed
+                        for generator, generator_state in zip(part, state[name], strict=True):
+                            generator.bit_generator.state = generator_state
                     else:  # the buffer adopts the memory-mapped storage: no second copy
                         part.load_state_dict(state[name], **({"copy": False} if name == "rb" else {}))
                 generators(state["generators"])
@@ -426,19 +521,26 @@ class Run:
                 fail(f"cannot resume from {self.dir}: {e}")
             obs, counts = (state["obs"].numpy() if games is None else games), state["counts"]
             self.due, self.last = state["due"], state["last"]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump({"algo": ALGO, **asdict(self.args)}, sort_keys=False))
-        self.metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in finish)
-        self.metrics.truncate(state["metrics_bytes"] if state else 0)  # drop what came after the checkpoint
+        configs = [asdict(self.args) | {"seed": seed, "run_name": path.name}
+                   for seed, path in zip(self.seeds, self.dirs, strict=True)]
+        self.metrics, sizes = [], state["metrics_bytes"] if state else [0] * len(self.dirs)
+        for config, path, size in zip(configs, self.dirs, sizes, strict=True):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.yaml").write_text(yaml.safe_dump({"algo": ALGO, **config}, sort_keys=False))
+            self.metrics.append(open(path / "metrics.jsonl", "a", buffering=1))  # noqa: SIM115 (closed in finish)
+            self.metrics[-1].truncate(size)  # drop what came after the checkpoint
         if self.args.track:  # a resumed W&B run is rewound to the checkpoint (synced later when offline)
             import wandb
 
-            rewind = {"resume_from": f"{state['wandb_id']}?_step={counts[0]}"} if state and state["wandb_id"] else {}
-            self.wandb = wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, **rewind,
-                                    group=self.args.wandb_group, name=self.args.run_name, config=asdict(self.args),
-                                    dir=str(self.dir), save_code=True)
-            self.video = wandb.Video
-        print(f"{'resuming' if state else 'run'} {self.dir} on {self.device}, settings in {self.dir / 'config.yaml'}")
+            ids, self.wandb, self.video = state["wandb_ids"] if state else [None] * len(self.dirs), [], wandb.Video
+            for config, path, run_id in zip(configs, self.dirs, ids or [None] * len(self.dirs), strict=True):
+                rewind = {"resume_from": f"{run_id}?_step={counts[0]}"} if run_id else {}
+                self.wandb.append(wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
+                                             **rewind, group=self.args.wandb_group, name=path.name, config=config,
+                                             dir=str(path), save_code=True, reinit="create_new"))
+        pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
+        print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, settings in "
+              f"{self.dir / 'config.yaml'}")
         self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
                         disable=not sys.stderr.isatty())
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -453,11 +555,15 @@ class Run:
     def training(self, step: int) -> bool:
         return step < self.args.total_timesteps and not (self.signal or self.reached or self.args.evaluate)
 
-    def log(self, step: int, metrics: dict) -> None:
-        record = {"global_step": step, **{k: float(v) for k, v in metrics.items()}}
-        self.metrics.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=step)
+    def log(self, step: int, metrics: dict, seed: int | None = None) -> None:
+        """A record for each seed: a list or tensor value holds one entry per seed, anything else is every seed's;
+        `seed`: for that seed (its row in the pack) alone."""
+        metrics = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+        for i in range(len(self.dirs)) if seed is None else [seed]:
+            record = {"global_step": step, **{k: float(v[i] if isinstance(v, list) else v) for k, v in metrics.items()}}
+            self.metrics[i].write(json.dumps(record) + "\n")
+            if self.wandb is not None:
+                self.wandb[i].log(record, step=step)
 
     def progress(self, step: int, recent: list[float]) -> None:
         sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
@@ -469,7 +575,7 @@ class Run:
         """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
         self.due, tick, logged = step, time.time(), self.last is not None and self.last[0] == step
         try:
-            returns = self.evaluation(video_dir=str(self.dir / "videos") if video else None,
+            returns = self.evaluation(video_dirs=[str(path / "videos") for path in self.dirs] if video else None,
                                       abort=lambda: self.signal is not None)
         except KeyboardInterrupt:
             return
@@ -477,20 +583,22 @@ class Run:
             self.eval_time += time.time() - tick
         self.due, self.last = None, (step, returns)
         if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
-            self.log(step, {"eval/episodic_return": np.mean(returns)})
-        self.reached = self.args.stop_return is not None and np.mean(returns) >= self.args.stop_return
+            self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
+        self.reached = self.args.stop_return is not None and min(map(np.mean, returns)) >= self.args.stop_return
 
     def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
         """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
-        self.metrics.flush()
-        os.fsync(self.metrics.fileno())
+        for metrics in self.metrics:
+            metrics.flush()
+            os.fsync(metrics.fileno())
         state = {"algo": ALGO, "args": asdict(self.args), "counts": counts, "obs": torch.as_tensor(obs),
-                 "due": self.due, "last": self.last, "wandb_id": self.wandb.id if self.wandb else None,
-                 "metrics_bytes": self.metrics.tell(), "generators": generators()}
+                 "due": self.due, "last": self.last, "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
+                 "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),
+                 "dirs": [path.name for path in self.dirs]}
         for name, part in self.parts.items():
-            is_generator = isinstance(part, np.random.Generator)
-            state[name] = part.bit_generator.state if is_generator else env_state(part) if name == "env" else \
-                part.state_dict()
+            is_generators = isinstance(part, list)
+            state[name] = [g.bit_generator.state for g in part] if is_generators else env_state(part) if name == "env" \
+                else part.state_dict()
         with open(self.dir / "checkpoint.tmp", "wb") as f:
             torch.save(state, f)
             os.fsync(f.fileno())
@@ -510,9 +618,9 @@ class Run:
             if (self.dir / "model.pt").exists():
                 self.source, model = "model.pt", torch.load(self.dir / "model.pt", weights_only=True)
                 model = model if set(model) == set(networks) else {name: model for name in networks}  # one network
-            else:
+            else:  # the pack's first seed, row 0
                 self.source, model = "checkpoint.pt", load_checkpoint(str(self.dir))
-                self.step = model["counts"][0]
+                self.step, model = model["counts"][0], seed_row(model, 0)
             for name, network in networks.items():
                 network.load_state_dict(model[name])
         except (OSError, KeyError, RuntimeError) as e:
@@ -525,7 +633,7 @@ class Run:
         out, stamp = self.dir / "evaluations", f"{start:.3f}"
         out.mkdir(exist_ok=True)
         video = out / f"{stamp}-video" if args.capture_video else None
-        returns = self.evaluation(video_dir=str(video) if video else None)
+        returns = self.evaluation(video_dirs=[str(video)] if video else None)[0]
         mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
         record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
                   "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
@@ -549,8 +657,9 @@ class Run:
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
         return record
 
-    def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict:
-        """The final evaluation, a checkpoint (when stopped or checkpointing), model.pt, summary.json, one line."""
+    def finish(self, obs: np.ndarray, counts: tuple, model: dict) -> dict | list[dict]:
+        """The final evaluation, a checkpoint (when stopped or checkpointing), each seed's model.pt, summary.json and
+        line; returns the summary (a list of them for a pack)."""
         if self.args.evaluate:
             return self.reevaluate()
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
@@ -563,27 +672,31 @@ class Run:
         self.parts["env"].close()
         if self.signal is not None:
             print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
-        if args.save_model:
-            torch.save(model, self.dir / "model.pt")
-        returns = self.last[1] if self.signal is None else []  # a stopped run has no final evaluation
-        mean, std = (np.mean(returns), np.std(returns, ddof=1) if len(returns) > 1 else 0.0) if returns else (None,) * 2
-        summary = {"run_name": args.run_name, "env": args.env, "algo": args.exp_name, "seed": args.seed,
-                   "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
-                   "eval_returns": returns, "global_step": step, "updates": counts[1], "interrupted": bool(self.signal),
-                   "train_sps": (step - self.start_step) / max(train_time, 1e-9),
-                   "wall_time_s": time.time() - self.start_time}
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.metrics.close()
         self.bar.close()
-        if self.wandb is not None:
-            video = self.dir / "videos" / "eval-episode-0.mp4"
-            if video.exists():
-                self.wandb.log({"media/video": self.video(str(video))}, step=step)
-            self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
-            self.wandb.finish()
-        result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
-        print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {self.dir}")
-        return summary
+        summaries = []
+        for i, (seed, path) in enumerate(zip(self.seeds, self.dirs, strict=True)):
+            if args.save_model:
+                torch.save(seed_row(model, i), path / "model.pt")
+            returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
+            std = np.std(returns, ddof=1) if len(returns) > 1 else 0.0
+            mean, std = (np.mean(returns), std) if returns else (None, None)
+            summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
+                       "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
+                       "eval_returns": returns, "global_step": step, "updates": counts[1],
+                       "interrupted": bool(self.signal), "train_sps": (step - self.start_step) / max(train_time, 1e-9),
+                       "wall_time_s": time.time() - self.start_time, "num_seeds": len(self.seeds)}
+            (path / "summary.json").write_text(json.dumps(summary, indent=2))
+            summaries.append(summary)
+            self.metrics[i].close()
+            if self.wandb is not None:
+                video = path / "videos" / "eval-episode-0.mp4"
+                if video.exists():
+                    self.wandb[i].log({"media/video": self.video(str(video))}, step=step)
+                self.wandb[i].summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
+                self.wandb[i].finish()
+            result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
+            print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {path}")
+        return summaries[0] if len(summaries) == 1 else summaries
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
     loader = Prefetcher(prb, 256, device="cuda")    # host buffer, GPU learner: see prefetch.py
     rb = ReplayBuffer(capacity, frame_stack=4)   # Atari: each frame of the obs stacks stored once
     rb.extend(nstep.push(rb.add_frames(step)))   # add_frames: stacks -> positions; sample gives stacks
+
+    rb = SeedStack([ReplayBuffer(capacity, seed=s) for s in seeds])   # many seeds: [N, ...] in and out
 """
 
 from .frames import FrameStore
@@ -22,6 +24,7 @@ from .prefetch import Prefetcher
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
 from .returns import lambda_returns
+from .seeds import SeedStack
 
-__all__ = ["FrameStore", "NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree",
-           "lambda_returns"]
+__all__ = ["FrameStore", "NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SeedStack",
+           "SegmentTree", "lambda_returns"]

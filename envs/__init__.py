@@ -14,10 +14,10 @@ Exact resume: `env_state(env)` / `load_env_state(env, state)` (see envs/state.py
 """
 
 from .evaluate import check_video, evaluate
-from .make import is_atari, make_vector_env
+from .make import env_seeds, is_atari, make_vector_env
 from .normalize import RunningMeanStd
 from .recorder import TransitionRecorder
 from .state import env_state, load_env_state
 
-__all__ = ["RunningMeanStd", "TransitionRecorder", "check_video", "env_state", "evaluate", "is_atari",
+__all__ = ["RunningMeanStd", "TransitionRecorder", "check_video", "env_seeds", "env_state", "evaluate", "is_atari",
            "load_env_state", "make_vector_env"]

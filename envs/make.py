@@ -135,6 +135,14 @@ def _channels_first(env: gym.Env) -> gym.Env:
     return gym.wrappers.TransformObservation(env, lambda obs: np.ascontiguousarray(obs.transpose(2, 0, 1)), chw)
 
 
+def env_seeds(seeds: list[int], num_envs: int) -> list[int]:
+    """The reset seeds of the envs of a pack of runs, seed by seed, `num_envs` each (env j of seed s at row
+    i * num_envs + j): env 0 gets s, env j > 0 gets s + j * 2**20. So a run of one env is seeded as it always was,
+    and no two envs of a pack of fewer than 2**20 consecutive seeds share a seed (s + j would: seeds 1 and 2 with
+    4 envs each would share three); every seed stays below 2**31, the int32 that ALE takes, for s < 2**20."""
+    return [seed + env * 2**20 for seed in seeds for env in range(num_envs)]
+
+
 def make_vector_env(
     env_id: str, num_envs: int = 1, seed: int | None = None, *, training: bool = True, **env_kwargs: Any
 ) -> VectorEnv:
@@ -154,7 +162,8 @@ def make_vector_env(
     observation including info["final_obs"]; the observation spaces say the new shape.
 
     Seeding: `seed` seeds the action spaces (so `action_space.sample()` is reproducible); the
-    caller still calls `env.reset(seed=seed)`, which seeds sub-env i with `seed + i`.
+    caller still calls `env.reset(seed=seed)`, which seeds sub-env i with `seed + i`, or
+    `env.reset(seed=env_seeds(seeds, num_envs))` for training envs (see `env_seeds`).
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")

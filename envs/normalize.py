@@ -8,11 +8,15 @@ class RunningMeanStd(nn.Module):
     """Observations scaled by the running mean and variance of all those collected so far (Chan et al.'s
     parallel update). Replay keeps raw observations and batches pass through this when used, so every update
     sees the latest statistics (as SB3's VecNormalize does). With enabled=False it passes observations
-    through unchanged and ignores updates, so a caller needs no branch for the option."""
+    through unchanged and ignores updates, so a caller needs no branch for the option.
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, enabled: bool = True):
+    `batch_dim` is the dimension of `update`'s observations that the statistics are taken over; the others
+    follow `shape`. Many seeds: shape (N, 1, *obs_shape) and batch_dim 1 keep each seed's own statistics of
+    its observations [N, E, *obs_shape], broadcast over batches [N, B, *obs_shape]."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, enabled: bool = True, batch_dim: int = 0):
         super().__init__()
-        self.clip, self.enabled = clip, enabled
+        self.clip, self.enabled, self.batch_dim = clip, enabled, batch_dim
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))  # no 0/0 before the first batch
@@ -22,8 +26,10 @@ class RunningMeanStd(nn.Module):
         if not self.enabled:
             return
         obs = obs.to(self.mean.device, torch.float64)
-        n, total, delta = obs.shape[0], self.count + obs.shape[0], obs.mean(0) - self.mean
-        moments = self.var * self.count + obs.var(0, unbiased=False) * n + delta.square() * self.count * n / total
+        n = obs.shape[self.batch_dim]
+        total, delta = self.count + n, obs.mean(self.batch_dim).view_as(self.mean) - self.mean
+        batch_var = obs.var(self.batch_dim, unbiased=False).view_as(self.var)
+        moments = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
         self.var.copy_(moments / total)
         self.mean.add_(delta * n / total)
         self.count.copy_(total)

@@ -87,11 +87,11 @@ class TransitionRecorder:
         truncated: np.ndarray,
         info: dict[str, Any],
     ) -> tuple[TensorDict, list[dict[str, Any]]]:
-        """Returns the transitions [num_envs] and the episodes that ended this step."""
+        """Returns the transitions [num_envs] and the episodes that ended this step (return, length, env)."""
         done = terminated | truncated
         finished = [
-            {"episodic_return": ret, "episodic_length": length}
-            for _, ret, length in self.stats.update(reward, done)
+            {"episodic_return": ret, "episodic_length": length, "env": env}
+            for env, ret, length in self.stats.update(reward, done)
         ]
         stored_reward = np.clip(reward, -1.0, 1.0) if self.clip_reward else reward
         stop = terminated | info["life_loss"] if "life_loss" in info else terminated

@@ -1,0 +1,95 @@
+"""Many seeds in one process: one replay buffer (or n-step folder) per seed, behind one call.
+
+    rb = SeedStack([ReplayBuffer(capacity, seed=s) for s in seeds])    # or PrioritizedReplayBuffer(...)
+    rb.extend(rb.add_frames(step))      # step: TensorDict [N, E], seed i's E env steps in row i
+    batch = rb.sample(64)               # TensorDict [N, 64]; "index" (and "weight") [N, 64]
+    rb.update_priority(batch["index"], td_error.abs())                  # [N, 64]
+    nstep = SeedStack([NStepReturns(3, 0.99, E) for s in seeds])
+    rb.extend(nstep.push(step))         # n-step windows close unevenly: one TensorDict per seed
+
+Invariant (tests/test_seeds.py checks it): row i of everything that goes in reaches part i only, and
+row i of everything that comes out is what part i alone returns for the same calls; so each seed's
+replay keeps the single-seed semantics of replay.py, prioritized.py, frames.py and nstep.py exactly,
+and two seeds' data never mix. Each part draws from its own generator, seeded with its seed, so a
+seed samples the same batches in a pack as in a run of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+
+class SeedStack:
+    """A list of per-seed parts (ReplayBuffer, PrioritizedReplayBuffer or NStepReturns) used as one."""
+
+    def __init__(self, parts: list):
+        if not parts:
+            raise ValueError("a SeedStack needs at least one part (one per seed)")
+        self.parts = list(parts)
+
+    def __len__(self) -> int:
+        """The fewest items any seed holds: a batch can be drawn for every seed when this reaches it."""
+        return min(len(part) for part in self.parts)
+
+    def __repr__(self) -> str:
+        return f"SeedStack({len(self.parts)} x {self.parts[0]!r})"
+
+    def _rows(self, data: TensorDict | list) -> list:
+        rows = data.unbind(0) if isinstance(data, TensorDict) else list(data)
+        if len(rows) != len(self.parts):
+            raise ValueError(f"expected one row per seed ({len(self.parts)}), got {len(rows)}")
+        return rows
+
+    def add_frames(self, transitions: TensorDict) -> TensorDict:
+        """Each seed's add_frames on its row of one vector-env step [N, E]; returns [N, E]."""
+        if all(part.frame_store is None for part in self.parts):
+            return transitions
+        return _stack([part.add_frames(row) for part, row in zip(self.parts, self._rows(transitions))])
+
+    def push(self, steps: TensorDict) -> list[TensorDict]:
+        """n-step folding, each seed on its row of one vector-env step [N, E]: the transitions that finished, per
+        seed (a list, as seeds finish different numbers of windows)."""
+        return [part.push(row) for part, row in zip(self.parts, self._rows(steps))]
+
+    def extend(self, data: TensorDict | list[TensorDict]) -> list[torch.Tensor]:
+        """Append row i (a TensorDict [N, B]) or item i (a list of N TensorDicts) to seed i's buffer; returns
+        each seed's indices."""
+        return [part.extend(row) for part, row in zip(self.parts, self._rows(data))]
+
+    def sample(self, batch_size: int) -> TensorDict:
+        """A batch per seed, each drawn by its own buffer: TensorDict [N, batch_size]."""
+        return _stack([part.sample(batch_size) for part in self.parts])
+
+    def sample_slices(self, batch_size: int, length: int, stride: int = 1) -> TensorDict:
+        """Slices per seed (see ReplayBuffer.sample_slices): TensorDict [N, batch_size, length]."""
+        return _stack([part.sample_slices(batch_size, length, stride) for part in self.parts])
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """Seed i's new priorities (row i of [N, B]) to seed i's tree."""
+        for part, rows, values in zip(self.parts, self._rows(index), self._rows(priority)):
+            part.update_priority(rows, values)
+
+    @property
+    def beta(self) -> float:
+        return self.parts[0].beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        for part in self.parts:
+            part.beta = value
+
+    def state_dict(self) -> dict:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict, **options) -> None:
+        """Each part's state (options such as copy=False go to every part)."""
+        if len(state["parts"]) != len(self.parts):
+            raise ValueError(f"state is for {len(state['parts'])} seeds, this stack has {len(self.parts)}")
+        for part, part_state in zip(self.parts, state["parts"]):
+            part.load_state_dict(part_state, **options)
+
+
+def _stack(rows: list[TensorDict]) -> TensorDict:
+    """One TensorDict [N, ...] of per-seed TensorDicts [...]; one seed: a view, no copy."""
+    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
