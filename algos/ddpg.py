@@ -12,7 +12,9 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,8 +29,8 @@ from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from tqdm import tqdm
 
-from buffers import NStepReturns, ReplayBuffer, lambda_returns
-from envs import RunningMeanStd, TransitionRecorder, check_video, env_state, evaluate, is_atari
+from buffers import NStepReturns, ReplayBuffer, SeedStack, lambda_returns
+from envs import RunningMeanStd, TransitionRecorder, check_video, env_seeds, env_state, evaluate, is_atari
 
 from envs import load_env_state, make_vector_env  # isort: skip (one line each under 120 columns)
 
@@ -96,8 +98,8 @@ class Actor(nn.Module):
         self.register_buffer("action_scale", (high - low) / 2)  # buffers: they follow .to() and the state_dict
         self.register_buffer("action_bias", (high + low) / 2)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self.action_bias, torch.tanh(self.net(obs.float().flatten(1))), self.action_scale)
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [seeds, batch, ...] -> [seeds, batch, action]
+        return torch.addcmul(self.action_bias, torch.tanh(self.net(obs.float().flatten(2))), self.action_scale)
 
 
 class QNetwork(nn.Module):
@@ -107,28 +109,64 @@ class QNetwork(nn.Module):
         super().__init__()
         self.net = mlp(int(np.prod(observation_space.shape)) + int(np.prod(action_space.shape)), 1)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs.float().flatten(1), action.flatten(1)], dim=1)).squeeze(1)
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:  # [seeds, batch]
+        return self.net(torch.cat([obs.float().flatten(2), action.flatten(2)], dim=-1)).squeeze(-1)
+
+
+class SeedLinear(nn.Module):
+    """The nn.Linear of every seed of a pack, stacked: [seeds, batch, in] -> [seeds, batch, out], one baddbmm."""
+
+    def __init__(self, layers: list[nn.Linear]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in]
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]).unsqueeze(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight.mT)
+
+
+def stacked(network: Callable[[], nn.Module], seeds: list[int]) -> nn.Module:
+    """Each seed's network, initialised as a run of that seed alone initialises it, as one module whose layers (and
+    buffers, [seeds, 1, ...]) hold the seeds' tensors on a leading dimension: each seed its own network, in one pass."""
+    networks = []
+    for seed in seeds:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            networks.append(network())
+    for name, layer in list(networks[0].named_modules()):
+        if isinstance(layer, nn.Linear):
+            networks[0].set_submodule(name, SeedLinear([network.get_submodule(name) for network in networks]))
+    for name, _ in list(networks[0].named_buffers()):
+        networks[0].register_buffer(name, torch.stack([network.get_buffer(name) for network in networks]).unsqueeze(1))
+    return networks[0]
 
 
 class ExplorationNoise:
-    """Ornstein-Uhlenbeck noise per env and action (dt = 1): x += -theta x + sigma N(0, 1); theta = 1: Gaussian."""
+    """Ornstein-Uhlenbeck noise per seed, env and action (dt = 1): x += -theta x + sigma N(0, 1); theta = 1: Gaussian.
+    Seed i's rows, and its warm-up's uniform actions, come from its own generator."""
 
-    def __init__(self, shape: tuple[int, ...], theta: float, sigma: np.ndarray | float, seed: int):
-        self.theta, self.sigma, self.state, self.rng = theta, sigma, np.zeros(shape), np.random.default_rng(seed)
+    def __init__(self, shape: tuple[int, ...], theta: float, sigma: np.ndarray | float, seeds: list[int]):
+        self.theta, self.sigma, self.state = theta, sigma, np.zeros(shape)
+        self.rngs = [np.random.default_rng(seed) for seed in seeds]
 
     def sample(self) -> np.ndarray:
-        self.state += -self.theta * self.state + self.sigma * self.rng.standard_normal(self.state.shape)
+        normal = np.stack([rng.standard_normal(self.state.shape[1:]) for rng in self.rngs])
+        self.state += -self.theta * self.state + self.sigma * normal
         return self.state.copy()
+
+    def uniform(self, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        return np.stack([rng.uniform(low, high, self.state.shape[1:]) for rng in self.rngs]).astype(np.float32)
 
     def reset(self, done: np.ndarray) -> None:
         self.state[done] = 0.0  # a new episode starts a new OU path: no correlation across episodes
 
     def state_dict(self) -> dict:
-        return {"state": torch.from_numpy(self.state.copy()), "rng": self.rng.bit_generator.state}
+        return {"state": torch.from_numpy(self.state.copy()), "rngs": [rng.bit_generator.state for rng in self.rngs]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.state, self.rng.bit_generator.state = state["state"].numpy().copy(), state["rng"]
+        self.state = state["state"].numpy().copy()
+        for rng, rng_state in zip(self.rngs, state["rngs"], strict=True):
+            rng.bit_generator.state = rng_state
 
 
 def extended(args: Args, step: int, total_timesteps: int) -> Args:
@@ -140,29 +178,31 @@ def make_updates(actor, qf, actor_target, qf_target, actor_optimizer, qf_optimiz
     """The critic's and the actor's gradient steps, closures of tensors (torch.compile and CUDA graphs wrap them)."""
 
     def update_critic(batch: TensorDict) -> TensorDict:
-        """A step on the squared TD error to r + d Q'(s', mu'(s')) for [B] transitions, lambda-returns for [B, L]"""
-        flat = batch.flatten(0, 1) if batch.batch_dims == 2 else batch  # the one-step case skips the reshapes
+        """A step on each seed's squared TD error to r + d Q'(s', mu'(s')), for [seeds, B] transitions, or to
+        lambda-returns for [seeds, B, L] slices."""
+        flat = batch.flatten(1, 2) if batch.batch_dims == 3 else batch  # the one-step case skips the reshapes
         with torch.no_grad():  # DDPG: the target policy's action, valued by the target critic
             next_obs = obs_norm(flat["next_obs"])
             next_value = qf_target(next_obs, actor_target(next_obs))
-            if batch.batch_dims == 1:
+            if batch.batch_dims == 2:
                 target = flat["reward"] + flat["discount"] * next_value  # discount: 0 after a termination
-            else:
-                target = lambda_returns(batch["reward"], batch["discount"], batch["terminated"] | batch["truncated"],
-                                        next_value.view(batch.shape), args.td_lambda).flatten()
+            else:  # each of the seeds' slices [seeds * B, L] on its own
+                s = batch.flatten(0, 1)
+                target = lambda_returns(s["reward"], s["discount"], s["terminated"] | s["truncated"],
+                                        next_value.view(s.shape), args.td_lambda).view(flat.shape)
         q = qf(obs_norm(flat["obs"]), flat["action"])
-        loss = F.mse_loss(q, target)  # one fused op forward and backward: small batches are bound by op counts
+        loss = F.mse_loss(q, target, reduction="none").mean(1)  # each seed's
         qf_optimizer.zero_grad()
-        loss.backward()
+        loss.sum().backward()  # the sum: each seed's gradient is its own loss's, and Adam is per element
         qf_optimizer.step()
-        return TensorDict(qf_loss=loss.detach(), qf_values=q.detach().mean())
+        return TensorDict(qf_loss=loss.detach(), qf_values=q.detach().mean(1))
 
     def update_actor(batch: TensorDict) -> TensorDict:
         """One step up the deterministic policy gradient -Q(obs, actor(obs)); inputs= keeps the critic's .grad out."""
-        obs = obs_norm(batch["obs"].flatten(0, batch.batch_dims - 1))
-        loss = -qf(obs, actor(obs)).mean()  # DDPG: the actor climbs the critic
+        obs = obs_norm(batch["obs"].flatten(1, batch.batch_dims - 1))
+        loss = -qf(obs, actor(obs)).mean(1)  # DDPG: the actor climbs the critic
         actor_optimizer.zero_grad()
-        loss.backward(inputs=list(actor.parameters()))
+        loss.sum().backward(inputs=list(actor.parameters()))
         actor_optimizer.step()
         return TensorDict(actor_loss=loss.detach())
 
@@ -170,8 +210,8 @@ def make_updates(actor, qf, actor_target, qf_target, actor_optimizer, qf_optimiz
 
 
 def check_args(args: Args) -> None:
-    for name in ("total_timesteps", "num_envs", "threads", "buffer_size", "batch_size", "policy_frequency", "n_step",
-                 "eval_episodes", "td_lambda_steps"):
+    for name in ("total_timesteps", "num_envs", "num_seeds", "threads", "buffer_size", "batch_size", "policy_frequency",
+                 "n_step", "eval_episodes", "td_lambda_steps"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not (0 < args.tau <= 1 and 0 <= args.gamma <= 1 and args.batch_size <= args.buffer_size
@@ -186,31 +226,33 @@ def check_args(args: Args) -> None:
 def main(args: Args) -> dict:
     check_args(args)
     run = Run(args)  # the run directory, checkpoints, logging, signals: the plumbing at the end of this file
-    args, device = run.args, run.device
+    args, device, seeds = run.args, run.device, run.seeds  # seeds: the runs of this process, rows of every tensor
     torch.set_flush_denormal(True)  # Adam's moments of dead units decay into subnormals: 2x slower steps on x86
-    env = run.make_env()
+    env = run.make_env()  # num_envs per seed: seed i's in rows i * num_envs ... (i + 1) * num_envs - 1
     if not isinstance(env.single_action_space, gym.spaces.Box):
         fail(f"DDPG needs a continuous (Box) action space; {args.env} has {env.single_action_space} "
              "(use algos/dqn.py for discrete actions)")
 
     # Networks and their targets: modules on the meta device reading target_params, a copy that one lerp_ moves.
     obs_space, action_space = env.single_observation_space, env.single_action_space
-    actor, qf = Actor(obs_space, action_space).to(device), QNetwork(obs_space, action_space).to(device)
+    actor = stacked(partial(Actor, obs_space, action_space), seeds).to(device)
+    qf = stacked(partial(QNetwork, obs_space, action_space), seeds).to(device)
     params = TensorDict(actor=from_module(actor).data, qf=from_module(qf).data).lock_()  # locked: faster lerp_
     target_params = params.clone().lock_()
     with torch.device("meta"):
-        actor_target, qf_target = Actor(obs_space, action_space), QNetwork(obs_space, action_space)
+        actor_target = stacked(partial(Actor, obs_space, action_space), seeds)
+        qf_target = stacked(partial(QNetwork, obs_space, action_space), seeds)
     target_params["actor"].to_module(actor_target)
     target_params["qf"].to_module(qf_target)
     capturable = args.cudagraphs and device.type == "cuda"
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
     qf_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=capturable)
-    obs_norm = RunningMeanStd(obs_space.shape, enabled=args.normalize_obs).to(device)
-    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed)
-    nstep = NStepReturns(args.n_step, args.gamma, args.num_envs)
-    recorder = TransitionRecorder(args.num_envs)
-    noise = ExplorationNoise((args.num_envs, *action_space.shape), args.ou_theta,
-                             args.exploration_noise * (action_space.high - action_space.low) / 2, args.seed)
+    obs_norm = RunningMeanStd((len(seeds), 1, *obs_space.shape), enabled=args.normalize_obs, batch_dim=1).to(device)
+    rb = SeedStack([ReplayBuffer(args.buffer_size, device=device, seed=seed) for seed in seeds])  # a replay per seed
+    nstep = SeedStack([NStepReturns(args.n_step, args.gamma, args.num_envs) for _ in seeds])
+    recorder = TransitionRecorder(env.num_envs)
+    noise = ExplorationNoise((len(seeds), args.num_envs, *action_space.shape), args.ou_theta,
+                             args.exploration_noise * (action_space.high - action_space.low) / 2, seeds)
     update_critic, update_actor = make_updates(actor, qf, actor_target, qf_target, actor_optimizer, qf_optimizer,
                                                obs_norm, args)
     if args.compile:
@@ -220,36 +262,41 @@ def main(args: Args) -> dict:
         update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
 
     @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
-    def act(obs: np.ndarray) -> np.ndarray:
+    def act(obs: np.ndarray) -> np.ndarray:  # [seeds, envs, ...] -> [seeds, envs, action]
         return actor(obs_norm(torch.as_tensor(obs, device=device).float())).cpu().numpy()
 
-    def evaluation(**options) -> list[float]:
-        """Episodes of the deterministic policy on envs seeded apart from training (seed + 10000)."""
-        return evaluate(args.env, act, args.eval_episodes, seed=args.seed + 10_000, **options)
+    def evaluation(video_dirs: list[str] | None = None, abort=None) -> list[list[float]]:
+        """Each seed's episodes of its deterministic policy on envs seeded apart from training (seed + 10000)."""
+        policies = [lambda obs, i=i: act(np.stack([obs] * len(seeds)))[i] for i in range(len(seeds))]
+        return [evaluate(args.env, policies[i], args.eval_episodes, seed=seed + 10_000, abort=abort,
+                         video_dir=video_dirs[i] if video_dirs else None) for i, seed in enumerate(seeds)]
 
     # Everything a checkpoint holds; with --resume, run.start loads it back and continues where it stopped.
     parts = dict(env=env, rb=rb, actor=actor, qf=qf, target_params=target_params, actor_optimizer=actor_optimizer,
                  qf_optimizer=qf_optimizer, obs_norm=obs_norm, nstep=nstep, recorder=recorder, noise=noise)
-    obs, _ = env.reset(seed=args.seed)
+    obs, _ = env.reset(seed=env_seeds(seeds, args.num_envs))
     obs, (global_step, updates, credit, recent) = run.start(parts, obs, (0, 0, 0.0, []), evaluation)
 
     # Collect, store, learn. `credit` carries the part of an update left over (updates_per_step 0.5: every 2 steps).
     losses = {}
     while run.training(global_step):
-        obs_norm.update(torch.as_tensor(obs))
+        pack_obs = obs.reshape(len(seeds), args.num_envs, *obs.shape[1:])  # row i: seed i's envs
+        obs_norm.update(torch.as_tensor(pack_obs))
         if global_step < args.learning_starts:
-            action = env.action_space.sample().astype(np.float32)
+            action = noise.uniform(action_space.low, action_space.high)
         else:  # DDPG: the deterministic action plus exploration noise, kept in the action box
-            action = np.clip(act(obs) + noise.sample(), action_space.low, action_space.high).astype(np.float32)
+            action = np.clip(act(pack_obs) + noise.sample(), action_space.low, action_space.high).astype(np.float32)
+        action = action.reshape(env.num_envs, *action_space.shape)
         next_obs, reward, terminated, truncated, info = env.step(action)
         transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-        rb.extend(nstep.push(transitions))  # folded reward, discount = gamma**m, or 0 after a termination
-        noise.reset(terminated | truncated)
+        rb.extend(nstep.push(transitions.reshape(len(seeds), args.num_envs)))  # folded, discount gamma**m or 0
+        noise.reset((terminated | truncated).reshape(len(seeds), args.num_envs))
         obs = next_obs
         previous, global_step = global_step, global_step + args.num_envs
         for episode in finished:
             recent = (recent + [episode["episodic_return"]])[-20:]
-            run.log(global_step, {f"charts/{k}": v for k, v in episode.items()})
+            run.log(global_step, {f"charts/{k}": v for k, v in episode.items() if k != "env"},
+                    seed=episode["env"] // args.num_envs)
 
         if global_step > args.learning_starts and len(rb) >= args.batch_size:
             credit += args.num_envs * args.updates_per_step
@@ -265,7 +312,7 @@ def main(args: Args) -> dict:
                     losses = update_actor(batch)
                     target_params.lerp_(params, args.tau)
                 if updates % 100 == 0:
-                    run.log(global_step, {f"losses/{k}": v.item() for m in (metrics, losses) for k, v in m.items()})
+                    run.log(global_step, {f"losses/{k}": v for m in (metrics, losses) for k, v in m.items()})
             credit -= int(credit)
 
         if crossed(1000, previous, global_step):

@@ -202,7 +202,8 @@ def table(case: str, batches: list[dict]) -> None:
     print(f"\n{case}:\n| batch | processes | seeds | wall (s) | seed-steps/s | final eval return, mean | ratio "
           "| goal | met |\n| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for b in batches:
-        ratio = f"{b['ratio_name']}: {cell(b['ratio'], '.2f')}{'' if b['ratio'] is None else 'x'}" if "ratio_name" in b else ""
+        ratio = "" if "ratio_name" not in b else f"{b['ratio_name']}: {cell(b['ratio'], '.2f')}"
+        ratio += "x" if b.get("ratio") is not None else ""
         goal = b.get("goal") or ""
         met = {True: "yes", False: "no"}.get(b.get("met"), "" if b.get("goal") is None else "n/a")
         print(f"| {b['label']} | {b['processes']} | {b['seeds']} | {cell(b['wall_s'], '.1f')} "
