@@ -45,17 +45,17 @@ class SeedStack:
         """Each seed's add_frames on its row of one vector-env step [N, E]; returns [N, E]."""
         if all(part.frame_store is None for part in self.parts):
             return transitions
-        return _stack([part.add_frames(row) for part, row in zip(self.parts, self._rows(transitions))])
+        return _stack([part.add_frames(row) for part, row in zip(self.parts, self._rows(transitions), strict=True)])
 
     def push(self, steps: TensorDict) -> list[TensorDict]:
         """n-step folding, each seed on its row of one vector-env step [N, E]: the transitions that finished, per
         seed (a list, as seeds finish different numbers of windows)."""
-        return [part.push(row) for part, row in zip(self.parts, self._rows(steps))]
+        return [part.push(row) for part, row in zip(self.parts, self._rows(steps), strict=True)]
 
     def extend(self, data: TensorDict | list[TensorDict]) -> list[torch.Tensor]:
         """Append row i (a TensorDict [N, B]) or item i (a list of N TensorDicts) to seed i's buffer; returns
         each seed's indices."""
-        return [part.extend(row) for part, row in zip(self.parts, self._rows(data))]
+        return [part.extend(row) for part, row in zip(self.parts, self._rows(data), strict=True)]
 
     def sample(self, batch_size: int) -> TensorDict:
         """A batch per seed, each drawn by its own buffer: TensorDict [N, batch_size]."""
@@ -67,7 +67,7 @@ class SeedStack:
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Seed i's new priorities (row i of [N, B]) to seed i's tree."""
-        for part, rows, values in zip(self.parts, self._rows(index), self._rows(priority)):
+        for part, rows, values in zip(self.parts, self._rows(index), self._rows(priority), strict=True):
             part.update_priority(rows, values)
 
     @property
@@ -86,7 +86,7 @@ class SeedStack:
         """Each part's state (options such as copy=False go to every part)."""
         if len(state["parts"]) != len(self.parts):
             raise ValueError(f"state is for {len(state['parts'])} seeds, this stack has {len(self.parts)}")
-        for part, part_state in zip(self.parts, state["parts"]):
+        for part, part_state in zip(self.parts, state["parts"], strict=True):
             part.load_state_dict(part_state, **options)
 
 

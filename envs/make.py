@@ -105,6 +105,8 @@ class LifeLossInfo(VectorWrapper):
     """
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        if isinstance(kwargs.get("seed"), list):  # a seed per env (env_seeds): ale-py takes them as an array
+            kwargs["seed"] = np.array(kwargs["seed"])
         obs, info = self.env.reset(**kwargs)
         # a partial reset (options={"reset_mask": ...}) reports the others' current lives too
         self._lives = info["lives"].copy()

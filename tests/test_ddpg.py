@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -52,14 +53,14 @@ def check_run_dir(run_dir: Path, env_id: str) -> dict:
     assert evaluations[-1] == pytest.approx(summary["eval_return_mean"]) == np.mean(summary["eval_returns"])
     state = torch.load(run_dir / "model.pt", weights_only=True)
     env = gym.make(env_id)
-    actor = ddpg.Actor(env.observation_space, env.action_space)
-    qf = ddpg.QNetwork(env.observation_space, env.action_space)
+    actor = ddpg.stacked(partial(ddpg.Actor, env.observation_space, env.action_space), [0])  # a seed dimension of 1
+    qf = ddpg.stacked(partial(ddpg.QNetwork, env.observation_space, env.action_space), [0])
     actor.load_state_dict(state["actor"])
     qf.load_state_dict(state["qf"])
-    obs = torch.as_tensor(env.reset(seed=0)[0]).unsqueeze(0)
+    obs = torch.as_tensor(env.reset(seed=0)[0]).view(1, 1, -1)
     action = actor(obs)
-    assert env.action_space.contains(action[0].detach().numpy().astype(np.float32))
-    assert qf(obs, action).shape == (1,)
+    assert env.action_space.contains(action[0, 0].detach().numpy().astype(np.float32))
+    assert qf(obs, action).shape == (1, 1)
     return summary
 
 
@@ -94,14 +95,14 @@ def test_td_target_matches_hand_computation():
 
 
 def test_actor_respects_action_bounds():
-    actor = ddpg.Actor(OBS, ACT)
+    actor = ddpg.stacked(partial(ddpg.Actor, OBS, ACT), [0, 1])  # two seeds
     with torch.no_grad():
         actor.net[-1].bias.fill_(100.0)  # saturate tanh at +1
-        high = actor(torch.rand(4, 3))
+        high = actor(torch.rand(2, 4, 3))
         actor.net[-1].bias.fill_(-100.0)
-        low = actor(torch.rand(4, 3))
-    torch.testing.assert_close(high, torch.tensor([[2.0, 1.0]]).expand(4, 2))
-    torch.testing.assert_close(low, torch.tensor([[-2.0, 0.0]]).expand(4, 2))
+        low = actor(torch.rand(2, 4, 3))
+    torch.testing.assert_close(high, torch.tensor([[2.0, 1.0]]).expand(2, 4, 2))
+    torch.testing.assert_close(low, torch.tensor([[-2.0, 0.0]]).expand(2, 4, 2))
     assert set(actor.state_dict()) >= {"action_scale", "action_bias"}
 
 
@@ -119,14 +120,14 @@ def test_running_mean_std_matches_numpy():
 
 
 def test_ou_noise_is_correlated_and_resets_per_env():
-    noise = ddpg.ExplorationNoise((2, 1), theta=0.15, sigma=0.2, seed=0)
-    samples = np.array([noise.sample()[0, 0] for _ in range(5000)])
+    noise = ddpg.ExplorationNoise((1, 2, 1), theta=0.15, sigma=0.2, seeds=[0])
+    samples = np.array([noise.sample()[0, 0, 0] for _ in range(5000)])
     lag1 = np.corrcoef(samples[:-1], samples[1:])[0, 1]
     assert 0.8 < lag1 < 0.9  # 1 - theta = 0.85 for an AR(1) process
-    noise.reset(np.array([True, False]))
-    assert noise.state[0, 0] == 0.0 and noise.state[1, 0] != 0.0
-    white = ddpg.ExplorationNoise((1, 1), theta=1.0, sigma=0.2, seed=0)
-    samples = np.array([white.sample()[0, 0] for _ in range(5000)])
+    noise.reset(np.array([[True, False]]))
+    assert noise.state[0, 0, 0] == 0.0 and noise.state[0, 1, 0] != 0.0
+    white = ddpg.ExplorationNoise((1, 1, 1), theta=1.0, sigma=0.2, seeds=[0])
+    samples = np.array([white.sample()[0, 0, 0] for _ in range(5000)])
     assert abs(np.corrcoef(samples[:-1], samples[1:])[0, 1]) < 0.05
     assert abs(samples.std() - 0.2) < 0.01
 

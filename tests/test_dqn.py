@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 
 import gymnasium as gym
 import pytest
@@ -130,13 +131,13 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     # The saved weights rebuild the network a user would construct from the env's spaces.
 
     env = gym.make("CartPole-v1")
-    net = dqn.QNetwork(env.observation_space, env.action_space)
+    network = partial(dqn.QNetwork, env.observation_space, env.action_space)
+    net = dqn.stacked(network, [args.seed])  # one seed: a seed dimension of 1
     net.load_state_dict(torch.load(run / "model.pt", weights_only=True))
-    assert net(torch.zeros(3, 4)).shape == (3, 2)
+    assert net(torch.zeros(1, 3, 4)).shape == (1, 3, 2)
     trained = networks[0].state_dict()  # model.pt holds the trained network's final weights
     assert all(torch.equal(value, trained[key]) for key, value in net.state_dict().items())
-    torch.manual_seed(args.seed)  # main's first draw from torch's generator is the Q-network's initialisation
-    initial = dqn.QNetwork(env.observation_space, env.action_space)
+    initial = dqn.stacked(network, [args.seed])  # initialised as main initialises it
     assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # which training changed
 
 
@@ -193,11 +194,11 @@ def test_td_target_bootstraps_except_after_termination():
     from tensordict import TensorDict
 
     env = gym.make("CartPole-v1")
-    net = dqn.QNetwork(env.observation_space, env.action_space)
-    next_obs = torch.randn(4, 4)
-    batch = TensorDict(reward=torch.tensor([1.0, 2.0, 3.0, 4.0]), next_obs=next_obs,
-                       terminated=torch.tensor([False, True, False, True]), batch_size=[4])
+    net = dqn.stacked(partial(dqn.QNetwork, env.observation_space, env.action_space), [0])  # one seed
+    next_obs = torch.randn(1, 4, 4)
+    batch = TensorDict(reward=torch.tensor([[1.0, 2.0, 3.0, 4.0]]), next_obs=next_obs,
+                       terminated=torch.tensor([[False, True, False, True]]), batch_size=[1, 4])
     with torch.no_grad():
-        best = net(next_obs).max(dim=1).values
-        target = dqn.td_target(net, batch, 0.9)
+        best = net(next_obs).max(dim=-1).values[0]
+        target = dqn.td_target(net, batch, 0.9)[0]
     assert torch.allclose(target, torch.tensor([1 + 0.9 * best[0], 2.0, 3 + 0.9 * best[2], 4.0]))

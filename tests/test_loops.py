@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict, TensorDictBase
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
-from envs import TransitionRecorder
+from envs import TransitionRecorder, env_seeds
 from tests import probe_env
 from tests.algo_utils import ROOT, load_algo, run_dir_of, tiny_args
 
@@ -121,7 +122,7 @@ def preferring(algo):
 
     class Prefers(algo.QNetwork):
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            return F.one_hot(obs[:, 2].long() % 2, 2).float()
+            return F.one_hot(obs[..., 2].long() % 2, 2).float()  # [seeds, batch, 2]
 
     return Prefers
 
@@ -301,7 +302,7 @@ class TableQ(torch.nn.Module):
         self.table = torch.nn.Parameter(torch.tensor(table))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.table[obs[:, 0].long()]
+        return self.table[obs[..., 0].long()]
 
 
 @pytest.mark.parametrize("loss, expected", [("huber", (2.5 + 2.0 + 0.03125 + 0.125) / 4),
@@ -318,12 +319,12 @@ def test_td_loss_by_hand(name, loss, expected):
     batch = TensorDict(obs=torch.arange(4.0).unsqueeze(1), next_obs=torch.arange(4.0).unsqueeze(1),
                        action=torch.tensor([0, 1, 0, 1]), reward=torch.tensor([1.0, -2.5, 0.5, -1.2]),
                        terminated=terminated, discount=torch.where(terminated, 0.0, 0.5), weight=torch.ones(4),
-                       batch_size=[4])  # targets: 3, -2.5, 0.5, -0.2
+                       batch_size=[4]).unsqueeze(0)  # one seed; targets: 3, -2.5, 0.5, -0.2
     out = algo.q_loss(online, target, batch, dataclasses.replace(algo.Args(), loss=loss, gamma=0.5))
-    assert out[0].item() == pytest.approx(expected, rel=1e-6)
-    assert torch.equal(out[1], torch.tensor([6.0, -5.0, 0.25, 0.3]))
+    assert out[0].shape == (1,) and out[0].item() == pytest.approx(expected, rel=1e-6)  # one loss per seed
+    assert torch.equal(out[1], torch.tensor([[6.0, -5.0, 0.25, 0.3]]))
     if name == "per_dqn":
-        torch.testing.assert_close(out[2], torch.tensor([3.0, -2.5, -0.25, 0.5]))
+        torch.testing.assert_close(out[2], torch.tensor([[3.0, -2.5, -0.25, 0.5]]))
 
 
 @pytest.mark.parametrize("name", DQNS)
@@ -332,12 +333,13 @@ def test_gradients_are_clipped_before_each_optimizer_step(monkeypatch, name):
     step, though before the clip it was larger. Fails if the clip is removed, comes after the step, or is
     given another norm or other parameters."""
     clips, seen = [], []
-    clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
+    algo = ALGOS[name]
+    clip_grad_norm_ = algo.clip_grad_norm_per_seed  # one seed here: the seed's norm is the norm of it all
     step = torch.optim.Adam.step
 
     def clip_spy(parameters, max_norm, *args, **kwargs):
         total = clip_grad_norm_(parameters, max_norm, *args, **kwargs)
-        clips.append((max_norm, float(total)))
+        clips.append((max_norm, float(total.squeeze(0))))
         return total
 
     def step_spy(self, *args, **kwargs):
@@ -345,7 +347,7 @@ def test_gradients_are_clipped_before_each_optimizer_step(monkeypatch, name):
         seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
         return step(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_spy)
+    monkeypatch.setattr(algo, "clip_grad_norm_per_seed", clip_spy)
     monkeypatch.setattr(torch.optim.Adam, "step", step_spy)
     summary = ALGOS[name].main(args_for(name, max_grad_norm=0.05, total_timesteps=200))
     assert len(clips) == len(seen) == summary["updates"] > 0
@@ -397,16 +399,16 @@ def test_per_writes_back_the_abs_td_errors_of_the_sampled_batch(monkeypatch):
     monkeypatch.setattr(per_dqn, "PrioritizedReplayBuffer", Recorded)
     summary = per_dqn.main(args_for("per_dqn", n_step=3, gamma=0.9, total_timesteps=300,
                                     target_network_frequency=10))
-    online, target = (QNetwork(probe_env.ProbeEnv.observation_space, probe_env.ProbeEnv.action_space)
-                      for _ in range(2))
+    online, target = (per_dqn.stacked(partial(QNetwork, probe_env.ProbeEnv.observation_space,
+                                              probe_env.ProbeEnv.action_space), [0]) for _ in range(2))
     assert len(records) == summary["updates"] > 0
     for record in records:
         batch = record["batch"]
         torch.nn.utils.vector_to_parameters(record["online"], online.parameters())
         torch.nn.utils.vector_to_parameters(record["target"], target.parameters())
         with torch.no_grad():
-            q = online(batch["obs"])[torch.arange(len(batch)), batch["action"].long()]
-            best = target(batch["next_obs"]).max(dim=1).values
+            q = online(batch["obs"][None])[0][torch.arange(len(batch)), batch["action"].long()]
+            best = target(batch["next_obs"][None])[0].max(dim=1).values
         assert torch.equal(record["index"], batch["index"])
         torch.testing.assert_close(record["priority"], (q - batch["reward"] - batch["discount"] * best).abs(),
                                    rtol=1e-5, atol=1e-5)
@@ -509,8 +511,8 @@ def test_an_evaluation_reaching_stop_return_ends_training(monkeypatch, name):
 
 @pytest.mark.parametrize("name", list(ALGOS))
 def test_evaluation_envs_are_seeded_apart_from_training(monkeypatch, name):
-    """Training resets its 3 envs with seeds 5, 6, 7; every evaluation env gets a seed outside them (and a
-    seed, so evaluations repeat). Fails if evaluation plays the training seeds (seed=args.seed)."""
+    """Training resets its 3 envs with seeds 5, 5 + 2**20, 5 + 2**21 (envs.env_seeds); every evaluation env gets
+    a seed outside them (and a seed, so evaluations repeat). Fails if evaluation plays the training seeds (seed=args.seed)."""
     resets = []
     reset = gym.vector.SyncVectorEnv.reset
 
@@ -522,7 +524,7 @@ def test_evaluation_envs_are_seeded_apart_from_training(monkeypatch, name):
     monkeypatch.setattr(gym.vector.SyncVectorEnv, "reset", spy)
     ALGOS[name].main(args_for(name, seed=5, num_envs=3, eval_frequency=100, total_timesteps=300))
     training, *evaluations = resets
-    assert training == {5, 6, 7} and len(evaluations) == 3  # 3 periodic, the last one at step 300 the final one
+    assert training == set(env_seeds([5], 3)) and len(evaluations) == 3  # 3 periodic, the one at 300 the final one
     assert all(not (seeds & training) for seeds in evaluations)
 
 

@@ -34,11 +34,12 @@ def test_the_plumbing_block_is_the_same_in_every_file(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_algorithm_comes_first_and_within_its_budget(name):
-    """Top of the file to the end of `main` <= 230 non-empty lines; `main` ends where the plumbing starts."""
+    """Top of the file to the end of `main` <= 290 non-empty lines (230 before the seed dimension: stacked layers,
+    per-seed clipping and evaluation); `main` ends where the plumbing starts."""
     text = (ROOT / "algos" / f"{name}.py").read_text()
     algorithm = text[: text.index(MARKER)]
     assert "\ndef main(" in algorithm and "\nclass Run" not in algorithm
-    assert non_empty(algorithm) <= 230, non_empty(algorithm)
+    assert non_empty(algorithm) <= 290, non_empty(algorithm)
 
 
 @pytest.mark.parametrize("name, budget", [("per_dqn", 60), ("nstep_dqn", 35)])

@@ -118,7 +118,7 @@ def build(monkeypatch, name: str) -> Built:
         actor, qf, actor_target, qf_target, _, _, obs_norm, _ = arguments
         low, high = torch.tensor([-1.0, -1.0, -8.0]), torch.tensor([1.0, 1.0, 8.0])  # Pendulum's Box(3,)
         observe = lambda n: low + (high - low) * torch.rand(n, 3, generator=g)
-        obs_norm.update(observe(256))  # fixed statistics: not updated by the steps
+        obs_norm.update(observe(256)[None])  # fixed statistics: not updated by the steps
         action = 4 * torch.rand(BATCH, 1, generator=g) - 2  # Box(1,) in [-2, 2]
         reward = -16 * torch.rand(BATCH, generator=g)
     else:
@@ -130,7 +130,8 @@ def build(monkeypatch, name: str) -> Built:
     batch = TensorDict(obs=observe(BATCH), action=action, reward=reward, next_obs=observe(BATCH),
                        terminated=terminated, truncated=truncated,
                        discount=torch.where(terminated, 0.0, args.gamma ** folded),
-                       weight=0.1 + 0.9 * torch.rand(BATCH, generator=g), batch_size=[BATCH])
+                       weight=0.1 + 0.9 * torch.rand(BATCH, generator=g), batch_size=[BATCH]).unsqueeze(0)  # 1 seed
+    b = batch[0]  # the seed's batch, for the objectives written for one network
 
     if name == "ddpg":
         update_critic, update_actor = real(*arguments)
@@ -153,11 +154,11 @@ def build(monkeypatch, name: str) -> Built:
 
     def td_objective() -> torch.Tensor:
         with torch.no_grad():
-            bootstrap = args.gamma * (~batch["terminated"]) if name == "dqn" else batch["discount"]
-            y = batch["reward"] + bootstrap * target_network(batch["next_obs"]).max(dim=1).values
-        q = q_network(batch["obs"])[torch.arange(BATCH), batch["action"]]
+            bootstrap = args.gamma * (~b["terminated"]) if name == "dqn" else b["discount"]
+            y = b["reward"] + bootstrap * target_network(b["next_obs"][None])[0].max(dim=1).values
+        q = q_network(b["obs"][None])[0][torch.arange(BATCH), b["action"]]
         loss = (q - y).square() if args.loss == "mse" else huber(q - y)
-        return (batch["weight"] * loss if name == "per_dqn" else loss).mean()
+        return (b["weight"] * loss if name == "per_dqn" else loss).mean()
 
     step = Step(lambda: update(batch), arguments[2], q_network, td_objective, args.max_grad_norm)
     return Built({"td": step}, {"q": q_network}, {"q": target_network})
