@@ -512,7 +512,8 @@ def test_an_evaluation_reaching_stop_return_ends_training(monkeypatch, name):
 @pytest.mark.parametrize("name", list(ALGOS))
 def test_evaluation_envs_are_seeded_apart_from_training(monkeypatch, name):
     """Training resets its 3 envs with seeds 5, 5 + 2**20, 5 + 2**21 (envs.env_seeds); every evaluation env gets
-    a seed outside them (and a seed, so evaluations repeat). Fails if evaluation plays the training seeds (seed=args.seed)."""
+    a seed outside them (and a seed, so evaluations repeat). Fails if evaluation plays the training seeds
+    (seed=args.seed)."""
     resets = []
     reset = gym.vector.SyncVectorEnv.reset
 
