@@ -76,7 +76,7 @@ def test_probe_transitions_are_never_cross_episode():
             ret[i] += float(batch["reward"][t, i])
             length[i] += 1
             if done[t, i]:
-                step.append({"episodic_return": ret[i], "episodic_length": length[i]})
+                step.append({"episodic_return": ret[i], "episodic_length": length[i], "env": i})
                 ret[i], length[i] = 0.0, 0
         expected_finished.append(step)
     assert finished == expected_finished
@@ -118,7 +118,7 @@ def test_reward_clipping_keeps_raw_episode_stats():
     final = {"final_obs": np.ones((1, 2), np.float32)}
     td2, done2 = rec.record(obs, np.array([0]), np.array([-5.0]), obs, np.array([True]), f, final)
     assert td1["reward"].tolist() == [1.0] and td2["reward"].tolist() == [-1.0]
-    assert done1 == [] and done2 == [{"episodic_return": 16.0, "episodic_length": 2}]
+    assert done1 == [] and done2 == [{"episodic_return": 16.0, "episodic_length": 2, "env": 0}]
     assert td2["next_obs"].tolist() == [[1.0, 1.0]] and td2["terminated"].tolist() == [True]
 
 
@@ -160,7 +160,7 @@ def test_atari_life_loss_ends_bootstrap_not_episode():
         ret += reward
         length += 1
         expected.append(
-            [{"episodic_return": ret[i], "episodic_length": length[i]} for i in np.flatnonzero(over)]
+            [{"episodic_return": ret[i], "episodic_length": length[i], "env": i} for i in np.flatnonzero(over)]
         )
         ret[over], length[over] = 0, 0
     assert finished == expected
