@@ -592,7 +592,7 @@ def ddpg_actions(monkeypatch, **changes) -> tuple[list[SimpleNamespace], list[np
     def spy(self, obs):
         out = forward(self, obs)
         if self is actors[0] and not torch.is_grad_enabled():  # act(): no grad; update_actor: grad
-            outputs.append(out.numpy().copy())
+            outputs.append(out[0].numpy().copy())  # the one seed's row
         return out
 
     monkeypatch.setattr(ddpg.Actor, "forward", spy)
@@ -659,9 +659,9 @@ def test_ddpg_terminations_are_not_bootstrapped(monkeypatch):
         sampled.append(batch := sample(self, batch_size))
         return batch
 
-    def loss_spy(q, target):  # the critic's loss (the actor's is a mean, not an mse_loss)
-        targets.append(target)
-        return mse_loss(q, target)
+    def loss_spy(q, target, **kwargs):  # the critic's loss (the actor's is a mean, not an mse_loss)
+        targets.append(target[0])  # the one seed's row
+        return mse_loss(q, target, **kwargs)
 
     monkeypatch.setattr(ReplayBuffer, "extend", extend_spy)
     monkeypatch.setattr(ReplayBuffer, "sample", sample_spy)

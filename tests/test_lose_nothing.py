@@ -313,7 +313,7 @@ def test_the_cnn_is_for_uint8_images_only(name):
     pixels = algo.QNetwork(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), actions)
     assert not floats.image and not any(isinstance(m, torch.nn.Conv2d) for m in floats.modules())
     assert pixels.image and any(isinstance(m, torch.nn.Conv2d) for m in pixels.modules())
-    assert floats(torch.randn(7, 2, 5, 5)).shape == (7, 3)
+    assert floats(torch.randn(1, 7, 2, 5, 5)).shape == (1, 7, 3)  # [seeds, batch, ...]
 
 
 @pytest.mark.parametrize("name", list(ALGOS))

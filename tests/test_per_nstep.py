@@ -44,7 +44,7 @@ def cartpole_batch(n: int = 6, weight: torch.Tensor | None = None) -> TensorDict
     )
     batch["discount"] = 0.99 * (~batch["terminated"]).float()
     batch["weight"] = torch.ones(n) if weight is None else weight
-    return batch
+    return batch.unsqueeze(0)  # [seeds, batch]: one seed
 
 
 def networks(module):
@@ -61,6 +61,7 @@ def test_per_loss_is_weighted_by_the_importance_weights(loss):
     weight = torch.tensor([1.0, 0.5, 0.0, 0.25, 1.0, 0.1])
     weighted, q, td_error = per_dqn.q_loss(q_net, target_net, cartpole_batch(weight=weight), args)
     plain, _, _ = per_dqn.q_loss(q_net, target_net, cartpole_batch(), args)
+    (weighted,), (plain,), td_error = weighted, plain, td_error[0]  # the one seed's
     per_sample = td_error.pow(2) if loss == "mse" else torch.nn.functional.smooth_l1_loss(
         td_error, torch.zeros(6), reduction="none")
     assert torch.allclose(weighted, (weight * per_sample).mean())
@@ -70,9 +71,9 @@ def test_per_loss_is_weighted_by_the_importance_weights(loss):
     batch = cartpole_batch(weight=weight)
     grads = []
     for reward in (0.0, 100.0):
-        batch["reward"][2] = reward
+        batch["reward"][0, 2] = reward
         q_net.zero_grad()
-        per_dqn.q_loss(q_net, target_net, batch, args)[0].backward()
+        per_dqn.q_loss(q_net, target_net, batch, args)[0].sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in q_net.parameters()]))
     assert torch.allclose(grads[0], grads[1])
 
@@ -126,7 +127,7 @@ def test_nstep_with_n_1_gives_dqn_targets():
         terminated=torch.tensor([False, True, False, False, True]),
         truncated=torch.tensor([False, False, True, False, False]), batch_size=[5],
     )
-    folded = NStepReturns(1, 0.9, 5).push(step)
+    folded, step = NStepReturns(1, 0.9, 5).push(step).unsqueeze(0), step.unsqueeze(0)  # [seeds, batch]
     with torch.no_grad():
         assert torch.allclose(nstep_dqn.td_target(net, folded), dqn.td_target(net, step, 0.9))
         assert torch.allclose(per_dqn.td_target(net, folded), dqn.td_target(net, step, 0.9))
@@ -135,7 +136,7 @@ def test_nstep_with_n_1_gives_dqn_targets():
 def test_nstep_target_uses_the_stored_discount():
     net, _ = networks(nstep_dqn)
     batch = cartpole_batch()
-    batch["discount"] = torch.tensor([0.0, 0.5, 0.729, 1.0, 0.0, 0.81])
+    batch["discount"] = torch.tensor([[0.0, 0.5, 0.729, 1.0, 0.0, 0.81]])
     with torch.no_grad():
-        best = net(batch["next_obs"]).max(dim=1).values
+        best = net(batch["next_obs"]).max(dim=-1).values
         assert torch.allclose(nstep_dqn.td_target(net, batch), batch["reward"] + batch["discount"] * best)
