@@ -1,7 +1,7 @@
 """Launch a config over seeds x envs x swept values, resume a launch, plot learning curves, tabulate results.
 
     python run.py CONFIG.yaml [--seeds 1 2 3] [--env ID ...] [--set key=value ...] [--sweep key=v1,v2 ...]
-                              [--jobs N] [--track] [--ray ADDRESS] [--runs-dir runs]
+                              [--num-seeds N] [--jobs N] [--track] [--ray ADDRESS] [--runs-dir runs]
     python run.py resume runs/LAUNCH_ID [--total-timesteps N] [--jobs N] [--ray ADDRESS]
     python run.py evaluate RUNS... [--eval-episodes N] [--seed S] [--capture-video] [--jobs N]
     python run.py plot RUN_DIR... [--metric TAG] [--smooth N] [--by KEY] [--out curves.png]
@@ -10,7 +10,8 @@
 
 A launch runs algos/<algo>.py (the config's `algo:` key, else its folder name) once per env x swept
 values x seed, as separate processes, N at a time, or as Ray tasks with --ray (auto: the cluster this
-machine is in; local: a new local one). Runs go to runs/<env>__<algo>[__key=value...]__<seed>__<launch id>/,
+machine is in; local: a new local one); with --num-seeds N, a process trains up to N consecutive seeds
+(the scripts' --num-seeds). Runs go to runs/<env>__<algo>[__key=value...]__<seed>__<launch id>/,
 logs and launch.json (what was launched) to runs/<launch id>/; the launch id is <config stem>__<unix time>
 (also the W&B group). `resume` continues the unfinished jobs of a launch, locally or on Ray: those with a
 checkpoint.pt with --resume, the others from scratch; finished ones are skipped.
@@ -44,7 +45,8 @@ ROOT = Path(__file__).resolve().parent
 ALGOS = ROOT / "algos"  # where a config's algo names its script (tests point it at a stub)
 STATUS_EVERY_S = 30.0  # CI logs want a heartbeat, not a redrawn progress bar
 GRACE_S = 10.0  # time a stopped job gets to write its summary.json before it is killed
-LAUNCHER_KEYS = {"config": "CONFIG", "seed": "--seeds", "env": "--env", "run_name": "(set by run.py)",
+LAUNCHER_KEYS = {"config": "CONFIG", "seed": "--seeds", "num_seeds": "--num-seeds", "env": "--env",
+                 "run_name": "(set by run.py)",
                  "track": "--track", "wandb_group": "(set by run.py)", "resume": "run.py resume"}
 TRAINING_RETURN = "charts/episodic_return"  # what plot falls back to when evaluations are too few
 TRAINING_SMOOTH = 20  # its default rolling window, in episodes
@@ -60,12 +62,13 @@ def say(text: str) -> None:
 
 @dataclass
 class Job:
-    run_name: str
+    run_name: str  # the first seed's run directory, which holds a pack's checkpoint
     env: str
-    seed: int
+    seed: int  # the first seed
     argv: list[str]  # the script's arguments after --config CONFIG, or in its place --resume runs/<run_name> ...
     log: Path
     values: dict[str, str] = field(default_factory=dict)  # swept key: its raw value in this job
+    pack: list[str] = field(default_factory=list)  # every seed's run directory (seeds seed, seed+1, ...)
     status: str = "pending"  # pending, running, ok, failed, stopped, not started
     handle: Any = None  # a Popen, or a Ray ObjectRef
     start: float = 0.0
@@ -73,8 +76,13 @@ class Job:
     total_steps: int | None = None
 
     @property
+    def names(self) -> list[str]:
+        return self.pack or [self.run_name]
+
+    @property
     def label(self) -> str:
-        return " ".join([self.env, *(f"{k}={v}" for k, v in self.values.items()), f"seed {self.seed}"])
+        seeds = f"seed {self.seed}" if len(self.names) == 1 else f"seeds {self.seed}-{self.seed + len(self.names) - 1}"
+        return " ".join([self.env, *(f"{k}={v}" for k, v in self.values.items()), seeds])
 
     @property
     def resumes(self) -> bool:
@@ -163,8 +171,19 @@ def name_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+=-]", "-", text)
 
 
+def packs(seeds: list[int], size: int) -> list[list[int]]:
+    """The seeds in runs of consecutive ones, at most `size` long (a script trains seed .. seed+N-1)."""
+    groups: list[list[int]] = []
+    for seed in dict.fromkeys(seeds):
+        if groups and len(groups[-1]) < size and seed == groups[-1][-1] + 1:
+            groups[-1].append(seed)
+        else:
+            groups.append([seed])
+    return groups
+
+
 def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch_id: str, log_dir: Path) -> list[Job]:
-    """One job per env x combination of swept values x seed, in that order."""
+    """One job per env x combination of swept values x pack of seeds (one seed without --num-seeds)."""
     overrides = overrides_from(args.set)
     sweep = sweep_from(args.sweep, overrides)
     tracking = ["--track", "--wandb-group", launch_id] if args.track else []
@@ -174,11 +193,14 @@ def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch
         for combination in itertools.product(*sweep.values()):
             values = dict(zip(sweep, combination, strict=True))
             swept = "".join(f"__{name_safe(f'{k}={v}')}" for k, v in values.items())
-            for seed in dict.fromkeys(args.seeds):
-                run_name = f"{env_name}__{algo}{swept}__{seed}__{launch_id}"
-                argv = ["--seed", str(seed), *(["--env", env] if env else []), *flags_from(overrides),
-                        *flags_from(values), "--run-name", run_name, *tracking]
-                jobs.append(Job(run_name, str(env or "default"), seed, argv, log_dir / f"{run_name}.log", values))
+            for seeds in packs(args.seeds, args.num_seeds):
+                names = [f"{env_name}__{algo}{swept}__{seed}__{launch_id}" for seed in seeds]
+                pack = ["--num-seeds", str(len(seeds))] if len(seeds) > 1 else []  # the script names each seed's run
+                name = f"{env_name}__{algo}{swept}__{{seed}}__{launch_id}" if pack else names[0]
+                argv = ["--seed", str(seeds[0]), *pack, *(["--env", env] if env else []), *flags_from(overrides),
+                        *flags_from(values), "--run-name", name, *tracking]
+                jobs.append(Job(names[0], str(env or "default"), seeds[0], argv, log_dir / f"{names[0]}.log", values,
+                                pack=names if len(seeds) > 1 else []))
     return jobs
 
 
@@ -189,21 +211,27 @@ def summary_in(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def finished(run_dir: Path) -> bool:
+    return (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True
+
+
 def resumed_jobs(record: dict[str, Any], runs_dir: Path, total_timesteps: int | None = None) -> list[Job]:
     """The launch's unfinished jobs: continued from their checkpoint.pt, else started again.
 
-    A job is finished when its summary.json exists and does not say `interrupted: true`; it is left out.
+    A run is finished when its summary.json exists and does not say `interrupted: true`; a job (a pack: all of
+    its runs) that is finished is left out.
     """
     more = ["--total-timesteps", str(total_timesteps)] if total_timesteps else []
     jobs = []
     for job in record["jobs"]:
-        run_dir = runs_dir / job["run_name"]
-        if (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True:
+        run_dir, names = runs_dir / job["run_name"], job.get("pack") or [job["run_name"]]
+        if all(finished(runs_dir / name) for name in names):
             continue
         # relative: both backends run a job where ./runs is runs_dir
         argv = ["--resume", f"runs/{job['run_name']}"] if (run_dir / "checkpoint.pt").is_file() else job["argv"]
         jobs.append(Job(job["run_name"], job["env"], job["seed"], argv + more,
-                        runs_dir / record["launch_id"] / "logs" / f"{job['run_name']}.log", job["values"]))
+                        runs_dir / record["launch_id"] / "logs" / f"{job['run_name']}.log", job["values"],
+                        pack=job.get("pack") or []))
     return jobs
 
 
@@ -288,10 +316,10 @@ def exit_code(proc: subprocess.Popen, stop_requested: Any, poll_s: float = 0.5) 
 
 
 def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_text: str, argv: list[str],
-                   run_name: str, run_archive: bytes, stop: Any) -> tuple[int, str, bytes]:
-    """On a Ray worker: run one job in a fresh directory; its exit code, its log, its run directory as a tar.
+                   run_names: list[str], run_archive: bytes, stop: Any) -> tuple[int, str, bytes]:
+    """On a Ray worker: run one job in a fresh directory; its exit code, its log, its run directories as a tar.
 
-    `run_archive` is the run directory of a job that resumes (else empty); `stop` is the launch's StopFlag.
+    `run_archive` is the run directories of a job that resumes (else empty); `stop` is the launch's StopFlag.
     """
     import ray
 
@@ -314,14 +342,15 @@ def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_
             except BaseException:  # ray.cancel (the driver gave up waiting) raises KeyboardInterrupt here
                 signal_group(proc, signal.SIGKILL)
                 raise
-        return code, (work / "job.log").read_text(errors="replace"), run_archive_of(work / "runs" / run_name)
+        return code, (work / "job.log").read_text(errors="replace"), run_archive_of(work / "runs", run_names)
 
 
-def run_archive_of(run_dir: Path) -> bytes:
-    archive = io.BytesIO()
-    if run_dir.is_dir():
+def run_archive_of(runs_dir: Path, names: list[str]) -> bytes:
+    archive, dirs = io.BytesIO(), [runs_dir / name for name in names if (runs_dir / name).is_dir()]
+    if dirs:
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-            tar.add(run_dir, arcname=run_dir.name)
+            for run_dir in dirs:
+                tar.add(run_dir, arcname=run_dir.name)
     return archive.getvalue()
 
 
@@ -353,10 +382,10 @@ class RayJobs:
     def start(self, job: Job) -> None:
         settings = self.settings | {k: yaml_value(v) for k, v in job.values.items()}  # a sweep may set threads
         gpus = 1 if settings.get("cuda") is True and self.ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        archive = run_archive_of(self.runs_dir / job.run_name) if job.resumes else b""
+        archive = run_archive_of(self.runs_dir, job.names) if job.resumes else b""
         job.handle = self.task.options(num_cpus=int(settings.get("threads") or 1), num_gpus=gpus,
                                        runtime_env=self.runtime_env).remote(
-            *self.files, job.script_args(self.files[2]), job.run_name, archive, self.stop)
+            *self.files, job.script_args(self.files[2]), job.names, archive, self.stop)
 
     def returncode(self, job: Job) -> int | None:
         if not self.ray.wait([job.handle], timeout=0)[0]:
@@ -420,17 +449,16 @@ def log_tail(path: Path, lines: int = 20) -> str:
 def finish(job: Job, code: int, runs_dir: Path, count: str) -> None:
     job.end, job.status = time.time(), "ok" if code == 0 else "failed"
     if code == 0:
-        ret = summary_in(runs_dir / job.run_name).get("eval_return_mean")
+        ret = ", ".join(str(summary_in(runs_dir / name).get("eval_return_mean")) for name in job.names)
         say(f"done   {count} {job.label}: eval return {ret}, {job.end - job.start:.0f}s")
     else:
         say(f"FAILED {count} {job.label} (exit {code}); last lines of {job.log}:\n{log_tail(job.log)}")
 
 
 def status_after_stop(job: Job, runs_dir: Path) -> str:
-    run_dir = runs_dir / job.run_name
-    if (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True:
+    if all(finished(runs_dir / name) for name in job.names):
         return "ok"  # it finished while the others were being stopped
-    return "stopped" if run_dir.is_dir() else "not started"
+    return "stopped" if (runs_dir / job.run_name).is_dir() else "not started"
 
 
 def stop(running: list[Job], backend: LocalJobs | RayJobs) -> None:
@@ -501,9 +529,10 @@ def run_launch(jobs: list[Job], script: Path, config: Path, settings: dict[str, 
     finally:
         backend.close()
     swept = any(job.values for job in jobs)
-    rows = [[job.run_name, job.env, job.seed, job.status, format_return(summary_in(runs_dir / job.run_name)),
+    rows = [[name, job.env, job.seed + i, job.status, format_return(summary_in(runs_dir / name)),
              f"{job.end - job.start:.0f}s" if job.end else "-",
-             *([" ".join(f"{k}={v}" for k, v in job.values.items())] if swept else [])] for job in jobs]
+             *([" ".join(f"{k}={v}" for k, v in job.values.items())] if swept else [])]
+            for job in jobs for i, name in enumerate(job.names)]
     say("\n" + markdown(["job", "env", "seed", "status", "eval return", "wall time", *(["swept"] if swept else [])],
                         rows))
     by = f" --by {next(iter(jobs[0].values))}" if swept else ""
@@ -521,6 +550,10 @@ def launch(args: argparse.Namespace) -> int:
     sweep = sweep_from(args.sweep, overrides)
     if args.jobs is not None and args.jobs < 1:
         fail(f"--jobs must be >= 1, got {args.jobs}")
+    if args.num_seeds < 1:
+        fail(f"--num-seeds must be >= 1, got {args.num_seeds}")
+    if "num_seeds" in config:
+        fail(f"config {args.config} sets num_seeds, which run.py sets itself; use --num-seeds")
     runs_dir = Path(args.runs_dir).resolve()
     stamp = int(time.time())
     while (runs_dir / f"{args.config.stem}__{stamp}").exists():
@@ -531,11 +564,14 @@ def launch(args: argparse.Namespace) -> int:
     record = {"launch_id": launch_id, "config": str(args.config.resolve()), "config_text": args.config.read_text(),
               "algo": script.stem, "seeds": args.seeds, "envs": args.env, "sweep": sweep, "set": overrides,
               "track": args.track, "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
-                                             "values": job.values, "argv": job.argv} for job in jobs]}
+                                             "values": job.values, "argv": job.argv, "pack": job.pack}
+                                            for job in jobs]}
     (runs_dir / launch_id / "launch.json").write_text(json.dumps(record, indent=1))
     counts = [f"{len(values)} {key}" for key, values in sweep.items()]
     counts += [f"{len(set(args.seeds))} seed(s)", f"{len({job.env for job in jobs})} env(s)"]
-    say(f"launch {launch_id}: {len(jobs)} run(s) of {script.name} ({' x '.join(counts)}), record in "
+    runs = sum(len(job.names) for job in jobs)
+    processes = f" in {len(jobs)} process(es)" if runs > len(jobs) else ""
+    say(f"launch {launch_id}: {runs} run(s) of {script.name}{processes} ({' x '.join(counts)}), record in "
         f"{runs_dir / launch_id / 'launch.json'}")
     settings = config | {k: yaml_value(v) for k, v in overrides.items()}
     return run_launch(jobs, script, args.config, settings, runs_dir, args, launch_id)
@@ -554,20 +590,21 @@ def resume(args: argparse.Namespace) -> int:
         fail(f"the launch ran algos/{record['algo']}.py, which is no longer there")
     runs_dir = launch_dir.parent
     jobs = resumed_jobs(record, runs_dir, args.total_timesteps)
-    finished = len(record["jobs"]) - len(jobs)
+    done = sum(len(job.get("pack") or [0]) for job in record["jobs"]) - sum(len(job.names) for job in jobs)
     if not jobs:
-        say(f"nothing to resume: all {finished} run(s) of {record['launch_id']} finished")
+        say(f"nothing to resume: all {done} run(s) of {record['launch_id']} finished")
         return 0
     for job in jobs:
-        if not job.resumes and (runs_dir / job.run_name).exists():  # the scripts refuse an existing run directory
-            shutil.rmtree(runs_dir / job.run_name)
-            say(f"removed {runs_dir / job.run_name}: it had no checkpoint.pt to continue from")
+        for name in job.names if not job.resumes else []:  # the scripts refuse an existing run directory
+            if (runs_dir / name).exists():
+                shutil.rmtree(runs_dir / name)
+                say(f"removed {runs_dir / name}: it had no checkpoint.pt to continue from")
     config = launch_dir / Path(record["config"]).name  # the config as launched, for the jobs started again
     config.write_text(record["config_text"])
     settings = (yaml.safe_load(record["config_text"]) or {}) | {k: yaml_value(v) for k, v in record["set"].items()}
-    again = sum(not job.resumes for job in jobs)
-    say(f"resume {record['launch_id']}: {len(jobs) - again} run(s) continue from their checkpoint, {again} start "
-        f"again, {finished} finished")
+    again = sum(len(job.names) for job in jobs if not job.resumes)
+    say(f"resume {record['launch_id']}: {sum(len(job.names) for job in jobs) - again} run(s) continue from their "
+        f"checkpoint, {again} start again, {done} finished")
     return run_launch(jobs, script, config, settings, runs_dir, args, record["launch_id"])
 
 
@@ -795,6 +832,8 @@ def launch_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run.py", description="Run a config once per env x swept values x seed.")
     p.add_argument("config", type=Path, help="configs/<algo>/<env>.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds to run (default: 1)")
+    p.add_argument("--num-seeds", type=int, default=1, metavar="N",
+                   help="train up to N consecutive seeds in one process (README: many seeds; default: 1)")
     p.add_argument("--env", nargs="+", help="environment ids (default: the config's env)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override a script argument in every job, e.g. --set learning_rate=1e-3 cuda=true")

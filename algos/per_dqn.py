@@ -469,11 +469,12 @@ class Run:
                 fail(f"--total-timesteps {args.total_timesteps} is below the step the run reached, {step}")
             if args.total_timesteps != saved:  # train longer: schedules go on from here (see `extended`)
                 args = extended(replace(args, total_timesteps=saved), step, args.total_timesteps)
-        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name (with --num-seeds: <run name>__<seed>)
+        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name ({seed} in it, or __<seed> after it, names each seed)
             stamp, seeds = int(time.time()), range(args.seed, args.seed + args.num_seeds)
             names = [f"{args.env.replace('/', '-')}__{args.exp_name}__{seed}__{stamp}" for seed in seeds]
             if args.run_name:
-                names = [args.run_name] if args.num_seeds == 1 else [f"{args.run_name}__{seed}" for seed in seeds]
+                name = args.run_name if "{seed}" in args.run_name or args.num_seeds == 1 else args.run_name + "__{seed}"
+                names = [name.replace("{seed}", str(seed)) for seed in seeds]
             args = replace(args, run_name=args.run_name or names[0])
             self.dirs = [Path("runs") / name for name in names]
             self.dir = self.dirs[0]

@@ -182,6 +182,33 @@ def test_a_sweep_runs_the_product_of_its_values_for_every_env_and_seed(tmp_path)
     assert {job.env for job in jobs[8:]} == {"Acrobot-v1"}
 
 
+def test_num_seeds_packs_consecutive_seeds_into_one_job(tmp_path):
+    """--num-seeds 2 over seeds 1 2 3 4 5 7 8: jobs for 1-2, 3-4, 5 and 7-8 (a script trains consecutive seeds),
+    each with every seed's run directory; a resumed launch keeps the packs. Fails if seeds are packed across a
+    gap, packs are longer than asked, or the script is not told how many seeds to train and how to name them."""
+    args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "3", "4", "5", "7", "8", "--num-seeds", "2"])
+    jobs = run.jobs_for(args, TINY, "dqn", "c__5", tmp_path)
+    assert [job.names for job in jobs] == [[f"CartPole-v1__dqn__{s}__c__5" for s in seeds]
+                                           for seeds in ([1, 2], [3, 4], [5], [7, 8])]
+    assert [job.label for job in jobs] == ["CartPole-v1 seeds 1-2", "CartPole-v1 seeds 3-4", "CartPole-v1 seed 5",
+                                           "CartPole-v1 seeds 7-8"]
+    assert jobs[1].argv == ["--seed", "3", "--num-seeds", "2", "--env", "CartPole-v1", "--run-name",
+                            "CartPole-v1__dqn__{seed}__c__5"]
+    assert jobs[2].argv == ["--seed", "5", "--env", "CartPole-v1", "--run-name", "CartPole-v1__dqn__5__c__5"]
+    assert run.packs([3, 1, 2, 2, 4], 3) == [[3], [1, 2], [4]]
+
+    runs = tmp_path / "runs"
+    for name in jobs[0].names + jobs[1].names[:1]:  # seeds 1 and 2 finished; 3-4 stopped after a checkpoint
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(json.dumps({"interrupted": name in jobs[1].names}))
+    (runs / jobs[1].run_name / "checkpoint.pt").write_text("{}")
+    record = {"launch_id": "c__5", "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
+                                            "values": {}, "argv": job.argv, "pack": job.pack} for job in jobs]}
+    resumed = run.resumed_jobs(record, runs)
+    assert [job.names for job in resumed] == [job.names for job in jobs[1:]]
+    assert resumed[0].argv == ["--resume", f"runs/{jobs[1].run_name}"] and not resumed[1].resumes
+
+
 def test_last_global_step_reads_a_file_still_being_written(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     assert run.last_global_step(metrics) is None
@@ -489,13 +516,16 @@ def test_plot_falls_back_to_the_smoothed_training_return_when_evaluations_are_fe
 
 
 @pytest.mark.slow
-def test_a_stopped_launch_of_the_real_scripts_resumes(tmp_path):
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_a_stopped_launch_of_the_real_scripts_resumes(tmp_path, num_seeds):
     """Ctrl-C a launch mid-run, then `run.py resume`: the stopped job continues from the checkpoint its
-    SIGINT wrote (dqn.py --resume), the job that never started starts, and both finish their steps."""
+    SIGINT wrote (dqn.py --resume), the job that never started starts, and both finish their steps. With
+    --num-seeds 2 both seeds are one job: the pack stops and continues as one."""
     config = write_config(tmp_path / "two.yaml", {**TINY, "total_timesteps": 4000, "train_frequency": 1})
     runs_dir = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), str(config), "--seeds", "1", "2",
-                             "--runs-dir", str(runs_dir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             "--num-seeds", str(num_seeds), "--runs-dir", str(runs_dir)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 90
@@ -510,6 +540,10 @@ def test_a_stopped_launch_of_the_real_scripts_resumes(tmp_path):
     [launch] = [d for d in runs_dir.iterdir() if (d / "launch.json").exists()]
     [first] = runs_dir.glob("CartPole-v1__dqn__1__*")
     assert (first / "checkpoint.pt").exists() and json.loads((first / "summary.json").read_text())["interrupted"]
+    if num_seeds == 2:  # the pack's second seed stopped with the first, in its own directory
+        [second] = runs_dir.glob("CartPole-v1__dqn__2__*")
+        assert json.loads((second / "summary.json").read_text())["interrupted"]
+        assert yaml.safe_load((second / "config.yaml").read_text())["seed"] == 2
     result = subprocess.run([sys.executable, str(ROOT / "run.py"), "resume", str(launch)], cwd=ROOT, env=ENV,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
