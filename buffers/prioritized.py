@@ -147,7 +147,49 @@ class SegmentTree:
             mass = mass * total
         # Searching all but the last boundary puts a mass at or past the end on the last entry.
         node = torch.searchsorted(upper_inner, mass, right=True)
-        mass = (mass - upper.index_select(0, node)).unsqueeze_(1)  # [B, 1]: one search per row below
+        return self._descend(node, mass - upper.index_select(0, node))
+
+    @classmethod
+    def stacked(cls, like: SegmentTree, parts: int) -> tuple[SegmentTree, list[SegmentTree]]:
+        """One tree of `parts` copies of `like`'s shape side by side (empty), and `parts` trees that are views
+        of its slices, each shaped as `like` (writes to a view are writes to the whole), for
+        `find_prefix_parts`: one descent that samples every part."""
+        width = like.levels[-1].shape[1]
+        whole = cls(parts * like.leaves.numel(), like.leaves.device, like.arity, top=parts * width)
+        views = []
+        for i in range(parts):
+            part = cls.__new__(cls)
+            part.capacity, part.arity, part.top = like.capacity, like.arity, like.top
+            size = like.leaves.numel()
+            part.leaves = whole.leaves[i * size: (i + 1) * size]
+            part.levels = [level[:, i * (level.shape[1] // parts): (i + 1) * (level.shape[1] // parts)]
+                           for level in whole.levels]
+            if [level.shape for level in part.levels] != [level.shape for level in like.levels]:
+                raise AssertionError("a part of the stacked tree is not shaped as the tree it copies")
+            part._leaf_rows = part.leaves.view(-1, like.arity)
+            part._rows = [level.view(2, -1, like.arity) for level in part.levels[:-1]]
+            part._descent_rows = [rows[0] for rows in reversed(part._rows)] + [part._leaf_rows]
+            upper = torch.zeros(width + 1, dtype=torch.float64, device=like.leaves.device)
+            part._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}
+            views.append(part)
+        return whole, views
+
+    def find_prefix_parts(self, fraction: torch.Tensor) -> torch.Tensor:
+        """find_prefix(relative=True) of each part of a `stacked` tree at once: row i of `fraction` [parts, B] is
+        searched in part i; returns each draw's leaf within its part [parts, B]. The same leaves, bit for bit,
+        as each part's own find_prefix (the same cumulative sums, then one descent for all parts)."""
+        parts, width = fraction.shape[0], self.levels[-1].shape[1] // fraction.shape[0]
+        upper = self.levels[-1][0].view(parts, width).cumsum(1)  # each part's top level on its own
+        mass = fraction * upper[:, -1:]
+        node = torch.searchsorted(upper[:, :-1].contiguous(), mass, right=True)
+        before = torch.where(node > 0, upper.gather(1, (node - 1).clamp_(min=0)), 0.0)
+        offset = torch.arange(parts, device=node.device).unsqueeze(1) * width
+        leaf = self._descend((node + offset).flatten(), (mass - before).flatten()).view(parts, -1)
+        return leaf - offset * (self.leaves.numel() // self.levels[-1].shape[1])
+
+    def _descend(self, node: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+        """From top entries `node` with `mass` left in each, down to the leaves (see find_prefix)."""
+        mass = mass.unsqueeze(1)  # [B, 1]: one search per row below
         for depth, rows in enumerate(self._descent_rows, start=1):
             row = rows.index_select(0, node)  # [B, arity]: each node's children
             upper = row.cumsum(1)
@@ -291,16 +333,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def sample(self, batch_size: int) -> TensorDict:
         """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
+        return self._sample_at(self.tree.find_prefix(self._fractions(batch_size), relative=True))
+
+    def _fractions(self, batch_size: int) -> torch.Tensor:
+        """Where the draws fall, as fractions of the total mass: draw i is uniform in [i, i + 1) / batch_size."""
         self._check_sample(batch_size)
         strata = self._scratch["strata"]
         if strata.numel() != batch_size:
             strata = torch.arange(batch_size, dtype=torch.float64, device=self.device) / batch_size
             self._scratch["strata"] = strata
-        # Draw i is uniform in [i, i + 1) * total / batch_size.
-        mass = self._uniforms(batch_size)
-        fraction = torch.add(strata, mass, alpha=1 / batch_size)
+        return torch.add(strata, self._uniforms(batch_size), alpha=1 / batch_size)
+
+    def _sample_at(self, slots: torch.Tensor) -> TensorDict:
+        """The batch at the slots the descent found, with weights."""
+        batch_size = slots.numel()
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
-        slots = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
+        slots = slots.clamp_(max=self._last_slot)
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             slots = self._redraw_dropped(slots)
         stored = self.tree.leaves.index_select(0, slots)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from .prioritized import PrioritizedReplayBuffer, SegmentTree
+
 
 class SeedStack:
     """A list of per-seed parts (ReplayBuffer, PrioritizedReplayBuffer or NStepReturns) used as one."""
@@ -26,7 +28,15 @@ class SeedStack:
     def __init__(self, parts: list):
         if not parts:
             raise ValueError("a SeedStack needs at least one part (one per seed)")
-        self.parts = list(parts)
+        self.parts, self.tree = list(parts), None
+        shapes = {(part.capacity, part.device, part.tree.arity, part.tree.top) if isinstance(
+            part, PrioritizedReplayBuffer) else None for part in self.parts}
+        if len(self.parts) > 1 and len(shapes) == 1 and None not in shapes:
+            # One sum tree per seed, all slices of one tensor per level, so that one descent samples every seed.
+            self.tree, views = SegmentTree.stacked(self.parts[0].tree, len(self.parts))
+            for part, view in zip(self.parts, views, strict=True):
+                view.assign(part.tree.leaves[: part.capacity])  # the part's priorities so far
+                part.tree = view
 
     def __len__(self) -> int:
         """The fewest items any seed holds: a batch can be drawn for every seed when this reaches it."""
@@ -58,8 +68,12 @@ class SeedStack:
         return [part.extend(row) for part, row in zip(self.parts, self._rows(data), strict=True)]
 
     def sample(self, batch_size: int) -> TensorDict:
-        """A batch per seed, each drawn by its own buffer: TensorDict [N, batch_size]."""
-        return _stack([part.sample(batch_size) for part in self.parts])
+        """A batch per seed, each drawn by its own buffer (PER: each seed's draws, one descent of all the trees):
+        TensorDict [N, batch_size]."""
+        if self.tree is None:
+            return _stack([part.sample(batch_size) for part in self.parts])
+        slots = self.tree.find_prefix_parts(torch.stack([part._fractions(batch_size) for part in self.parts]))
+        return _stack([part._sample_at(row) for part, row in zip(self.parts, slots, strict=True)])
 
     def sample_slices(self, batch_size: int, length: int, stride: int = 1) -> TensorDict:
         """Slices per seed (see ReplayBuffer.sample_slices): TensorDict [N, batch_size, length]."""

@@ -32,13 +32,19 @@ def steps(tags: list[int], count: int, envs: int = 2):
                          truncated=torch.zeros(len(tags), envs, dtype=torch.bool), batch_size=[len(tags), envs])
 
 
-@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+class DeepTree(PrioritizedReplayBuffer):
+    tree_arity, tree_top = 2, 2  # 50 leaves in 5 levels: the descent goes through every level
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized", "deep"])
 def test_each_row_of_a_seed_stack_is_that_seeds_buffer_alone(kind):
-    """Seeds 3, 4, 3 with distinct data per row (tags 0, 1, 2): every call's row i equals buffer i used alone."""
+    """Seeds 3, 4, 3 with distinct data per row (tags 0, 1, 2): every call's row i equals buffer i used alone.
+    PER: the seeds' sum trees are slices of one tree, sampled by one descent, with the same draws as alone."""
     def make(seed: int):
-        return ReplayBuffer(50, seed=seed) if kind == "uniform" else PrioritizedReplayBuffer(50, seed=seed)
+        return {"uniform": ReplayBuffer, "prioritized": PrioritizedReplayBuffer, "deep": DeepTree}[kind](50, seed=seed)
 
     stack, alone = SeedStack([make(seed) for seed in SEEDS]), [make(seed) for seed in SEEDS]
+    assert (stack.tree is None) == (kind == "uniform")
     for step in steps([0, 1, 2], 40):  # wraps the ring of 50
         index = stack.extend(step)
         for i, buffer in enumerate(alone):
