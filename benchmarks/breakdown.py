@@ -6,7 +6,7 @@
 Runs the algorithm file's main() once, on one torch thread with periodic evaluations off, after wrapping
 (in this process only) the calls that its loop makes: the vector env's step, TransitionRecorder.record,
 NStepReturns.push, ReplayBuffer.extend and .sample, the networks' forward passes (batch 1: acting;
-batch > 1: the update), Tensor.backward, clip_grad_norm_, Adam's zero_grad and step, and the target
+batch > 1: the update), Tensor.backward, the per-seed gradient clipping, Adam's zero_grad and step, and the target
 update (TensorDict.lerp_). Prints each call's median and total time per environment step and its share
 of the training loop; what is left is the Python between the calls. Each timer adds about a
 microsecond per call. Writes benchmarks/results/breakdown_<algo>.json.
@@ -72,7 +72,7 @@ def main() -> None:
     algo = load_algo(options.algo)
 
     def batch_label(prefix: str):
-        return lambda args: f"{prefix} forward, batch {'1 (act)' if args[1].shape[0] == 1 else '> 1 (update)'}"
+        return lambda args: f"{prefix} forward, batch {'1 (act)' if args[1].shape[1] == 1 else '> 1 (update)'}"
 
     evaluate = algo.evaluate
 
@@ -94,7 +94,8 @@ def main() -> None:
         if hasattr(algo, network):
             timed(getattr(algo, network), "forward", batch_label(network))
     timed(torch.Tensor, "backward")
-    timed(torch.nn.utils, "clip_grad_norm_")
+    if hasattr(algo, "clip_grad_norm_per_seed"):  # the update looks it up in the module when it runs
+        timed(algo, "clip_grad_norm_per_seed")
     timed(torch.optim.Adam, "zero_grad", lambda args: "Adam zero_grad")
     timed(torch.optim.Adam, "step", lambda args: "Adam step")
     timed(TensorDictBase, "lerp_", lambda args: "target lerp_")
