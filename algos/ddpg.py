@@ -150,12 +150,12 @@ class ExplorationNoise:
         self.rngs = [np.random.default_rng(seed) for seed in seeds]
 
     def sample(self) -> np.ndarray:
-        normal = np.stack([rng.standard_normal(self.state.shape[1:]) for rng in self.rngs])
+        normal = np.array([rng.standard_normal(self.state.shape[1:]) for rng in self.rngs])
         self.state += -self.theta * self.state + self.sigma * normal
         return self.state.copy()
 
     def uniform(self, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        return np.stack([rng.uniform(low, high, self.state.shape[1:]) for rng in self.rngs]).astype(np.float32)
+        return np.array([rng.uniform(low, high, self.state.shape[1:]) for rng in self.rngs], np.float32)
 
     def reset(self, done: np.ndarray) -> None:
         self.state[done] = 0.0  # a new episode starts a new OU path: no correlation across episodes
@@ -289,7 +289,7 @@ def main(args: Args) -> dict:
         action = action.reshape(env.num_envs, *action_space.shape)
         next_obs, reward, terminated, truncated, info = env.step(action)
         transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-        rb.extend(nstep.push(transitions.reshape(len(seeds), args.num_envs)))  # folded, discount gamma**m or 0
+        rb.extend(nstep.push(transitions))  # folded, discount gamma**m or 0
         noise.reset((terminated | truncated).reshape(len(seeds), args.num_envs))
         obs = next_obs
         previous, global_step = global_step, global_step + args.num_envs

@@ -271,8 +271,8 @@ def main(args: Args) -> dict:
     @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
     def act(obs: np.ndarray, epsilon: float, rngs: list[np.random.Generator]) -> np.ndarray:
         """Actions [seeds, envs] for obs [seeds, envs, ...], seed i's drawn from rngs[i] alone."""
-        explore = np.stack([rng.random(obs.shape[1]) < epsilon for rng in rngs])  # DQN: epsilon-greedy
-        actions = np.stack([rng.integers(env.single_action_space.n, size=obs.shape[1]) for rng in rngs])
+        explore = np.array([rng.random(obs.shape[1]) < epsilon for rng in rngs])  # DQN: epsilon-greedy
+        actions = np.array([rng.integers(env.single_action_space.n, size=obs.shape[1]) for rng in rngs])
         if not explore.all():  # the greedy actions, where not exploring
             greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1).cpu().numpy()
             actions = np.where(explore, actions, greedy)
@@ -303,7 +303,6 @@ def main(args: Args) -> dict:
         action = act(obs.reshape(len(seeds), args.num_envs, *obs.shape[1:]), epsilon, explore_rngs).reshape(-1)
         next_obs, reward, terminated, truncated, info = env.step(action)
         transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-        transitions = transitions.reshape(len(seeds), args.num_envs)  # row i: seed i's envs
         rb.extend(nstep.push(rb.add_frames(transitions)))  # N-STEP: stores the windows that closed
         obs = next_obs
         previous, global_step = global_step, global_step + args.num_envs

@@ -1,13 +1,14 @@
 """Many seeds in one process: one replay buffer (or n-step folder) per seed, behind one call.
 
     rb = SeedStack([ReplayBuffer(capacity, seed=s) for s in seeds])    # or PrioritizedReplayBuffer(...)
-    rb.extend(rb.add_frames(step))      # step: TensorDict [N, E], seed i's E env steps in row i
+    rb.extend(rb.add_frames(step))      # step: TensorDict [N * E] as a vector env of N * E envs gives it,
+                                        # seed i's envs in rows i * E ... (i + 1) * E - 1; or [N, E]
     batch = rb.sample(64)               # TensorDict [N, 64]; "index" (and "weight") [N, 64]
     rb.update_priority(batch["index"], td_error.abs())                  # [N, 64]
     nstep = SeedStack([NStepReturns(3, 0.99, E) for s in seeds])
     rb.extend(nstep.push(step))         # n-step windows close unevenly: one TensorDict per seed
 
-Invariant (tests/test_seeds.py checks it): row i of everything that goes in reaches part i only, and
+Invariant (tests/test_seeds.py checks it): seed i's rows of everything that goes in reach part i only, and
 row i of everything that comes out is what part i alone returns for the same calls; so each seed's
 replay keeps the single-seed semantics of replay.py, prioritized.py, frames.py and nstep.py exactly,
 and two seeds' data never mix. Each part draws from its own generator, seeded with its seed, so a
@@ -46,25 +47,34 @@ class SeedStack:
         return f"SeedStack({len(self.parts)} x {self.parts[0]!r})"
 
     def _rows(self, data: TensorDict | list) -> list:
+        """Seed i's part of `data`: item i of a list, row i of a TensorDict [N, B], or rows i * B ... (i + 1) * B - 1
+        of a TensorDict [N * B] (one seed: `data` itself, no copy and no TensorDict op)."""
+        if isinstance(data, TensorDict) and data.batch_dims == 1:
+            if len(self.parts) == 1:
+                return [data]
+            if len(data) % len(self.parts):
+                raise ValueError(f"{len(data)} rows do not split evenly over {len(self.parts)} seeds")
+            return list(data.split(len(data) // len(self.parts)))
         rows = data.unbind(0) if isinstance(data, TensorDict) else list(data)
         if len(rows) != len(self.parts):
             raise ValueError(f"expected one row per seed ({len(self.parts)}), got {len(rows)}")
         return rows
 
     def add_frames(self, transitions: TensorDict) -> TensorDict:
-        """Each seed's add_frames on its row of one vector-env step [N, E]; returns [N, E]."""
+        """Each seed's add_frames on its rows of one vector-env step; returns them in the same layout."""
         if all(part.frame_store is None for part in self.parts):
             return transitions
-        return _stack([part.add_frames(row) for part, row in zip(self.parts, self._rows(transitions), strict=True)])
+        rows = [part.add_frames(row) for part, row in zip(self.parts, self._rows(transitions), strict=True)]
+        return (rows[0] if len(rows) == 1 else torch.cat(rows)) if transitions.batch_dims == 1 else _stack(rows)
 
     def push(self, steps: TensorDict) -> list[TensorDict]:
-        """n-step folding, each seed on its row of one vector-env step [N, E]: the transitions that finished, per
-        seed (a list, as seeds finish different numbers of windows)."""
+        """n-step folding, each seed on its rows of one vector-env step: the transitions that finished, per seed
+        (a list, as seeds finish different numbers of windows)."""
         return [part.push(row) for part, row in zip(self.parts, self._rows(steps), strict=True)]
 
     def extend(self, data: TensorDict | list[TensorDict]) -> list[torch.Tensor]:
-        """Append row i (a TensorDict [N, B]) or item i (a list of N TensorDicts) to seed i's buffer; returns
-        each seed's indices."""
+        """Append seed i's rows (see _rows: [N * B], [N, B] or a list of N TensorDicts) to seed i's buffer;
+        returns each seed's indices."""
         return [part.extend(row) for part, row in zip(self.parts, self._rows(data), strict=True)]
 
     def sample(self, batch_size: int) -> TensorDict:

@@ -45,8 +45,8 @@ def test_each_row_of_a_seed_stack_is_that_seeds_buffer_alone(kind):
 
     stack, alone = SeedStack([make(seed) for seed in SEEDS]), [make(seed) for seed in SEEDS]
     assert (stack.tree is None) == (kind == "uniform")
-    for step in steps([0, 1, 2], 40):  # wraps the ring of 50
-        index = stack.extend(step)
+    for t, step in enumerate(steps([0, 1, 2], 40)):  # wraps the ring of 50
+        index = stack.extend(step.reshape(-1) if t % 2 else step)  # [N * E] as the vector env gives it, or [N, E]
         for i, buffer in enumerate(alone):
             assert torch.equal(index[i], buffer.extend(step[i]))
     assert len(stack) == 50
