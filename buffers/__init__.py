@@ -15,7 +15,9 @@
     rb = ReplayBuffer(capacity, frame_stack=4)   # Atari: each frame of the obs stacks stored once
     rb.extend(nstep.push(rb.add_frames(step)))   # add_frames: stacks -> positions; sample gives stacks
 
-    rb = SeedStack([ReplayBuffer(capacity, seed=s) for s in seeds])   # many seeds: [N, ...] in and out
+    rb = PrioritizedReplayBuffer(capacity, seed=1, num_seeds=N)   # seeds 1..N: storage [N, capacity], a tree each
+    nstep = NStepReturns(3, 0.99, num_envs=E, num_seeds=N)        # steps [N * E]; transitions say their seed
+    rb.extend(nstep.push(step)); batch = rb.sample(64)            # [N, 64]; row i is seed i's alone
 """
 
 from .frames import FrameStore
@@ -24,7 +26,6 @@ from .prefetch import Prefetcher
 from .prioritized import PrioritizedReplayBuffer, SegmentTree
 from .replay import ReplayBuffer
 from .returns import lambda_returns
-from .seeds import SeedStack
 
-__all__ = ["FrameStore", "NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SeedStack",
-           "SegmentTree", "lambda_returns"]
+__all__ = ["FrameStore", "NStepReturns", "Prefetcher", "PrioritizedReplayBuffer", "ReplayBuffer", "SegmentTree",
+           "lambda_returns"]

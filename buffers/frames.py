@@ -28,6 +28,11 @@ Layout and invariants (tests/test_frames.py checks each):
 - Each position is stored at most once while live (extend refuses a repeat), so one owner per
   frame is enough.
 
+Many seeds (a buffer with num_seeds=N): one store for the N * E envs of all seeds (seed i's envs are
+rows i * E ... of each step), each env's ring as above and L sized from each seed's capacity and E
+envs, so every seed's frames, positions' frames and dropped transitions are those of a buffer of its
+own; the transition indices it keeps and reports are each seed's own, with the seed beside them.
+
 Sizing: L = ceil(capacity * (1 + slack) / E) + 4k. Each step stores one frame per env and each
 episode start k more, so transitions are dropped early only when episodes are shorter than about
 k / slack = 200 steps (k = 4) on average over the buffer; then the oldest transitions go first.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,12 +129,14 @@ class FrameStore:
 
     slack = 0.02  # spare frames per env, as a fraction of capacity / E (see Sizing above)
 
-    def __init__(self, frame_stack: int, capacity: int, device: str | torch.device = "cpu"):
+    def __init__(self, frame_stack: int, capacity: int, device: str | torch.device = "cpu", num_seeds: int = 1):
         if int(frame_stack) < 1:
             raise ValueError(f"frame_stack must be a positive integer, got {frame_stack}")
         self.frame_stack, self.capacity, self.device = int(frame_stack), int(capacity), torch.device(device)
-        self.num_envs = 0  # E, set by the first step
+        self.num_seeds = int(num_seeds)  # capacity is each seed's
+        self.num_envs = 0  # E, set by the first step (many seeds: N * E, all seeds' envs)
         self.frames_per_env = 0  # L
+        self.envs_per_seed = 0  # E of each seed (num_envs / num_seeds)
         self.frames: torch.Tensor | None = None  # [E * L, *frame_shape] on device
         self._rows: torch.Tensor | None = None  # set with frames by _set_frames, with a few constants
         self.count: torch.Tensor | None = None  # int64 [E]: frames written per env
@@ -137,10 +145,11 @@ class FrameStore:
         self.last_next_obs: torch.Tensor | None = None  # [E, k, *frame_shape]: each env's latest next_obs
         # Largest index dropped so far: no live transition was dropped while it is below the
         # first live index (then sampling needs no check).
-        self.last_dropped = -1
+        # Many seeds: one per seed, as are the first live indices these are compared with.
+        self.last_dropped = -1 if self.num_seeds == 1 else np.full(self.num_seeds, -1, dtype=np.int64)
         # Largest index whose next_obs is not its obs shifted by one frame: while it is below the
         # first live index, a sample reads k + 1 frames per transition instead of 2k.
-        self.last_irregular = -1
+        self.last_irregular = -1 if self.num_seeds == 1 else np.full(self.num_seeds, -1, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (f"FrameStore(frame_stack={self.frame_stack}, num_envs={self.num_envs}, "
@@ -148,12 +157,13 @@ class FrameStore:
 
     # ---- writing ---------------------------------------------------------------------------------
 
-    def add(self, transitions: TensorDict, first_live: int) -> tuple[TensorDict, torch.Tensor]:
+    def add(self, transitions: TensorDict, first_live: int | np.ndarray) -> tuple[TensorDict, Any]:
         """Store one vector-env step's new frames: (the step with int64 positions, indices dropped).
 
         `transitions` is a TensorDict [E] of one step, in step order, with obs and next_obs
         stacks [E, k, *frame_shape] (any device; they are compared on the CPU). The dropped
         indices are the live transitions (index >= first_live) whose obs frames were overwritten.
+        Many seeds: first_live per seed, and the dropped indices come with their seeds (index, seed).
         Bad input raises before anything changes.
         """
         obs, next_obs = self._check_step(transitions)
@@ -183,7 +193,9 @@ class FrameStore:
 
         owner = self.owner.numpy().reshape(-1)
         owners = owner[dest]
-        dropped = owners[owners >= max(first_live, 0)]  # -1: no owner
+        seed = dest // (length * self.envs_per_seed)  # the seed of each frame written
+        live = owners >= (max(first_live, 0) if self.num_seeds == 1 else np.maximum(first_live, 0)[seed])
+        dropped, dropped_seed = owners[live], seed[live]  # -1: no owner
         owner[dest] = -1
         if self.device.type == "cpu":  # numpy's row assignment: no tensors to wrap, 10% of a step faster
             self._rows.numpy()[dest] = rows
@@ -192,13 +204,25 @@ class FrameStore:
         self.count = torch.from_numpy(next_last + 1)
         self.count_on_device = self.count.to(self.device)
         np.copyto(last, n)
-        if dropped.size:
-            self.last_dropped = max(self.last_dropped, int(dropped.max()))
+        self._dropped(dropped, dropped_seed)
 
         step = transitions.exclude(*POSITION_KEYS)
         step.set("obs", torch.from_numpy(obs_last * len(envs) + envs).to(transitions.device))
         step.set("next_obs", torch.from_numpy(next_last * len(envs) + envs).to(transitions.device))
-        return step, torch.from_numpy(dropped)
+        return step, self._report(dropped, dropped_seed)
+
+    def _dropped(self, index: np.ndarray, seed: np.ndarray) -> None:
+        """Note transitions dropped (their indices, with their seeds) in last_dropped."""
+        if not index.size:
+            return
+        if self.num_seeds == 1:
+            self.last_dropped = max(self.last_dropped, int(index.max()))
+        else:
+            np.maximum.at(self.last_dropped, seed, index)
+
+    def _report(self, index: np.ndarray, seed: np.ndarray) -> Any:
+        """Dropped indices for the buffer: a tensor (many seeds: a tensor of indices and one of their seeds)."""
+        return torch.from_numpy(index) if self.num_seeds == 1 else (torch.from_numpy(index), torch.from_numpy(seed))
 
     def _words(self, stacks: torch.Tensor) -> np.ndarray:
         """CPU stacks [E, k, *frame_shape] as a numpy [E, k, words per frame] (a view when contiguous)."""
@@ -230,16 +254,18 @@ class FrameStore:
 
     def _allocate(self, transitions: TensorDict, obs: torch.Tensor) -> None:
         num_envs, k, frame_shape = obs.shape[0], self.frame_stack, obs.shape[2:]
-        length = math.ceil(self.capacity * (1 + self.slack) / num_envs) + 4 * k
+        if num_envs % self.num_seeds:
+            raise ValueError(f"a step of {num_envs} envs does not split evenly over {self.num_seeds} seeds")
+        length = math.ceil(self.capacity * (1 + self.slack) / (num_envs // self.num_seeds)) + 4 * k
         frame_bytes = obs[0, 0].numel() * obs.element_size()
         # The transition ring is allocated by the buffer's first extend; count it here too, so that a
         # buffer that cannot fit is refused at once: two int64 positions plus the step's other keys.
         other = sum(v[0].numel() * v.element_size() for k_, v in transitions.items(True, True)
                     if k_ not in POSITION_KEYS)
-        check_fits(num_envs * length * (frame_bytes + 8) + self.capacity * (16 + other), self.device,
+        check_fits(num_envs * length * (frame_bytes + 8) + self.num_seeds * self.capacity * (16 + other), self.device,
                    f"a frame store of {num_envs} x {length:,} frames of {tuple(frame_shape)} {obs.dtype} "
                    f"(capacity {self.capacity:,} transitions)")
-        self.num_envs, self.frames_per_env = num_envs, length
+        self.num_envs, self.frames_per_env, self.envs_per_seed = num_envs, length, num_envs // self.num_seeds
         # torch.empty leaves pages untouched until written, so the store costs memory as it fills.
         self._set_frames(torch.empty((num_envs * length, *frame_shape), dtype=obs.dtype, device=self.device))
         self.count = torch.zeros(num_envs, dtype=torch.int64)
@@ -257,11 +283,13 @@ class FrameStore:
 
     # ---- the buffer's side: storing positions ------------------------------------------------------
 
-    def check_positions(self, data: TensorDict, first_live: int) -> tuple[np.ndarray, ...]:
+    def check_positions(self, data: TensorDict, first_live: int | np.ndarray,
+                        seed: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """Raise unless a batch for extend holds positions this store gave out and that are not stored
         yet; return what `register` needs: (obs, next_obs, env, first frame, whether it is stored).
 
-        `first_live` is the first index still stored once the batch is written.
+        `first_live` is the first index still stored once the batch is written (many seeds: per seed,
+        with `seed` the seed of each row, whose positions must be of that seed's envs).
         """
         given = {key: data.get(key, None) for key in POSITION_KEYS}
         bad = {key: v for key, v in given.items() if v is None or v.dtype != torch.int64 or v.dim() != 1}
@@ -284,10 +312,12 @@ class FrameStore:
         if not ok.all():
             raise ValueError(f"positions this buffer's add_frames never returned: obs {obs[~ok].tolist()[:8]}, "
                              f"next_obs {next_obs[~ok].tolist()[:8]}")
+        if seed is not None and (env // self.envs_per_seed != seed).any():
+            raise ValueError("positions of one seed's envs given as another seed's rows")
         first = last - (self.frame_stack - 1)
         stored = first >= count[env] - self.frames_per_env  # else dropped while it waited to be stored
         held = self.owner.numpy()[env, first % self.frames_per_env]
-        repeated = (held >= max(first_live, 0)) & stored
+        repeated = (held >= (max(first_live, 0) if seed is None else np.maximum(first_live, 0)[seed])) & stored
         if repeated.any() or np.unique(obs).size != obs.size:
             raise ValueError(
                 "obs positions already stored in this buffer (each add_frames step may be stored once while it "
@@ -295,29 +325,31 @@ class FrameStore:
             )
         return obs, next_obs, env, first, stored
 
-    def register(self, first_index: int, obs: np.ndarray, next_obs: np.ndarray, env: np.ndarray,
-                 first: np.ndarray, stored: np.ndarray) -> torch.Tensor:
-        """Record the owners of transitions first_index, first_index + 1, ... (the arrays come from
-        check_positions); return the indices of those that arrive already dropped.
+    def register(self, index: np.ndarray, obs: np.ndarray, next_obs: np.ndarray, env: np.ndarray,
+                 first: np.ndarray, stored: np.ndarray) -> Any:
+        """Record the owners of the transitions stored at `index` (the other arrays come from
+        check_positions); return the indices of those that arrive already dropped (many seeds: with
+        their seeds, as `add` does).
 
         A transition is dropped on arrival when its obs frames were overwritten while it waited
         (in NStepReturns' window, say): possible only when L is small next to n.
         """
-        index = first_index + np.arange(obs.size)
         self.owner.numpy()[env[stored], first[stored] % self.frames_per_env] = index[stored]
+        seed = env // max(self.envs_per_seed, 1)
         irregular = next_obs - obs != self.num_envs  # next_obs is not obs shifted by one frame
         if irregular.any():
-            self.last_irregular = max(self.last_irregular, int(index[irregular].max()))
-        dropped = index[~stored]
-        if dropped.size:
-            self.last_dropped = max(self.last_dropped, int(dropped.max()))
-        return torch.from_numpy(dropped)
+            if self.num_seeds == 1:
+                self.last_irregular = max(self.last_irregular, int(index[irregular].max()))
+            else:
+                np.maximum.at(self.last_irregular, seed[irregular], index[irregular])
+        self._dropped(index[~stored], seed[~stored])
+        return self._report(index[~stored], seed[~stored])
 
     # ---- the buffer's side: sampling --------------------------------------------------------------
 
-    def may_hold_dropped(self, first_live: int) -> bool:
+    def may_hold_dropped(self, first_live: int | np.ndarray) -> bool:
         """False when no live transition (index >= first_live) has been dropped: no check needed."""
-        return self.last_dropped >= first_live
+        return bool(np.any(self.last_dropped >= first_live))
 
     def sampleable(self, obs: torch.Tensor) -> torch.Tensor:
         """Whether each obs position (on device) still has its first frame stored."""
@@ -348,7 +380,8 @@ class FrameStore:
         pick = valid[torch.randint(valid.numel(), slots.shape, generator=generator, device=slots.device)]
         return torch.where(bad, pick, slots)
 
-    def stacks(self, obs: torch.Tensor, next_obs: torch.Tensor, first_live: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def stacks(self, obs: torch.Tensor, next_obs: torch.Tensor,
+               first_live: int | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The obs and next_obs stacks [B, k, *frame_shape] of positions [B] (on device).
 
         While every live next_obs is its obs shifted by one frame (one-step transitions), both come
@@ -357,7 +390,7 @@ class FrameStore:
         gather of 2k frames fills a [2, B, k, ...] tensor whose halves are the two stacks.
         """
         k = self.frame_stack
-        if self.last_irregular < first_live:
+        if np.all(self.last_irregular < first_live):
             window = self._window(obs, k + 1)
             return window[:, :k], window[:, 1:]
         both = self._window(torch.stack([obs, next_obs]), k)
@@ -385,8 +418,9 @@ class FrameStore:
             "owner": self.owner,
             "count": None if self.count is None else self.count.clone(),
             "last_next_obs": None if self.last_next_obs is None else self.last_next_obs.clone(),
-            "last_dropped": self.last_dropped,
-            "last_irregular": self.last_irregular,
+            "num_seeds": self.num_seeds,
+            "last_dropped": np.asarray(self.last_dropped).tolist(),
+            "last_irregular": np.asarray(self.last_irregular).tolist(),
         }
 
     def load_state_dict(self, state: dict, copy: bool = True) -> None:
@@ -394,7 +428,10 @@ class FrameStore:
         are already on the right device (e.g. tensors of a checkpoint loaded with mmap=True)."""
         if state["frame_stack"] != self.frame_stack:
             raise ValueError(f"state is for frame_stack {state['frame_stack']}, this buffer has {self.frame_stack}")
+        if state.get("num_seeds", 1) != self.num_seeds:
+            raise ValueError(f"state is for {state.get('num_seeds', 1)} seeds, this store has {self.num_seeds}")
         self.num_envs, self.frames_per_env = int(state["num_envs"]), int(state["frames_per_env"])
+        self.envs_per_seed = self.num_envs // self.num_seeds
         if state["frames"] is None:
             self.frames = self._rows = self.count = self.count_on_device = self.owner = self.last_next_obs = None
         else:
@@ -409,4 +446,8 @@ class FrameStore:
             self.count = state["count"].to("cpu", torch.int64, copy=True)
             self.count_on_device = self.count.to(self.device)
             self.last_next_obs = state["last_next_obs"].to("cpu", copy=True)
-        self.last_dropped, self.last_irregular = int(state["last_dropped"]), int(state["last_irregular"])
+        if self.num_seeds == 1:
+            self.last_dropped, self.last_irregular = int(state["last_dropped"]), int(state["last_irregular"])
+        else:
+            self.last_dropped = np.array(state["last_dropped"], dtype=np.int64)
+            self.last_irregular = np.array(state["last_irregular"], dtype=np.int64)

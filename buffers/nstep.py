@@ -9,6 +9,11 @@ so every algorithm's target is reward + discount * V(next_obs). Windows never cr
 end: when an environment's episode ends (terminated or truncated), every window still pending
 for it is emitted with its shorter m. Truncation keeps discount = gamma**m, so the target
 bootstraps from the real final observation; termination does not bootstrap.
+
+Many seeds (num_seeds=N): the N * E envs of a vector env laid out seed by seed (seed i's E envs in rows
+i * E ...) are folded together, each env on its own as always; with n > 1 each emitted transition says its
+seed in a "seed" entry, which ReplayBuffer(num_seeds=N).extend reads (n = 1 emits every env's step, seed by
+seed, and needs none). Seed i's transitions, in order, are what NStepReturns(n, gamma, E) emits for its envs.
 """
 
 from __future__ import annotations
@@ -23,21 +28,25 @@ END_KEYS = ("next_obs", "terminated", "truncated")  # taken from a window's last
 class NStepReturns:
     """Keeps the last n steps of each environment and emits n-step transitions as they finish."""
 
-    def __init__(self, n: int, gamma: float, num_envs: int):
+    def __init__(self, n: int, gamma: float, num_envs: int, num_seeds: int = 1):
         if int(n) < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.n, self.gamma, self.num_envs = int(n), float(gamma), int(num_envs)
+        if int(num_seeds) < 1:
+            raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
+        self.n, self.gamma, self.num_seeds = int(n), float(gamma), int(num_seeds)
+        self.num_envs = int(num_envs) * self.num_seeds  # all seeds' envs
         self.ring: TensorDict | None = None  # [n, num_envs]: start-of-window keys of the last n steps
         self.age = torch.zeros(self.num_envs, dtype=torch.int64)  # current-episode steps in the ring
         self.t = 0  # steps pushed; step t sits in ring row t % n
         self._gamma32 = torch.tensor(self.gamma, dtype=torch.float32)  # the one-step discount, as stored
 
     def push(self, step: TensorDict) -> TensorDict:
-        """Add one vector-env step (batch [num_envs]); return the transitions that finished with it."""
+        """Add one vector-env step (batch [num_envs], many seeds: [num_seeds * num_envs]); return the transitions
+        that finished with it."""
         missing = [key for key in REQUIRED if key not in step.keys()]  # noqa: SIM118 (TensorDict)
         if missing:
             raise ValueError(f"step is missing keys {missing}; it needs {list(REQUIRED)}")
@@ -76,6 +85,8 @@ class NStepReturns:
             ready[key] = step[key][env]
         discount = torch.full((row.numel(),), self.gamma, dtype=torch.float32).pow(row + 1)
         ready["discount"] = torch.where(terminated[env], 0.0, discount)
+        if self.num_seeds > 1:
+            ready["seed"] = env.div(self.num_envs // self.num_seeds, rounding_mode="floor")
 
         self.age[done] = 0
         self.t += 1
@@ -83,13 +94,15 @@ class NStepReturns:
 
     def state_dict(self) -> dict:
         """The windows in flight: the ring of the last n steps, each env's episode age and the step count."""
-        return {"n": self.n, "gamma": self.gamma, "num_envs": self.num_envs, "t": self.t, "age": self.age.clone(),
+        return {"n": self.n, "gamma": self.gamma, "num_envs": self.num_envs, "num_seeds": self.num_seeds, "t": self.t,
+                "age": self.age.clone(),
                 "ring": None if self.ring is None else self.ring.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["gamma"], state["num_envs"]) != (self.n, self.gamma, self.num_envs):
-            raise ValueError(f"state is for n={state['n']}, gamma={state['gamma']}, num_envs={state['num_envs']}; "
-                             f"this has n={self.n}, gamma={self.gamma}, num_envs={self.num_envs}")
+        saved = (state["n"], state["gamma"], state["num_envs"], state.get("num_seeds", 1))
+        if saved != (self.n, self.gamma, self.num_envs, self.num_seeds):
+            raise ValueError(f"state is for n, gamma, envs, seeds = {saved}; this has "
+                             f"{(self.n, self.gamma, self.num_envs, self.num_seeds)}")
         ring = state["ring"]
         self.ring = None if ring is None else TensorDict(ring, batch_size=[self.n, self.num_envs]).clone()
         self.age, self.t = state["age"].clone(), int(state["t"])

@@ -16,6 +16,9 @@ Invariants kept here (tests/test_prioritized.py checks each):
 - Frame mode (frame_stack > 0): a transition whose frames were overwritten (see buffers/frames.py)
   gets stored priority 0, which removes it from the sum and the minimum, and keeps it through
   priority updates, so P(i) and the largest weight are exact over the sampleable transitions.
+- Many seeds (num_seeds=N): each seed's tree is a slice of one tree (SegmentTree.stacked), with its
+  own largest priority and minimum; one descent samples every seed, each with its own draws, and one
+  update writes every seed's priorities: the same leaves, draws and weights, bit for bit, as N buffers.
 
 Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
 cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -200,6 +204,19 @@ class SegmentTree:
         return node
 
 
+def _lane_pow(x: torch.Tensor, exponent: float | torch.Tensor) -> torch.Tensor:
+    """x ** exponent along the last dimension, each row padded to a multiple of 16 entries so that every entry
+    goes through the CPU's vectorised pow: the scalar pow that takes a row's last few entries otherwise rounds
+    differently, so a seed's row of a pack would not equal the same values alone (many seeds, bit for bit)."""
+    n = x.shape[-1]
+    padded = -(-n // 16) * 16
+    if x.device.type != "cpu" or padded == n and x.is_contiguous():
+        return x.pow(exponent)
+    rows = x.new_ones((*x.shape[:-1], padded))
+    rows[..., :n] = x
+    return rows.pow_(exponent)[..., :n]
+
+
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
     """Left-to-right sums along the last dimension (the order does not depend on how torch or a
     compiler would vectorise a `sum`; see SegmentTree)."""
@@ -257,8 +274,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: int | None = None,
         frame_stack: int = 0,
         validation: str | None = None,
+        num_seeds: int = 1,
     ):
-        super().__init__(capacity, device, seed, frame_stack)
+        super().__init__(capacity, device, seed, frame_stack, num_seeds)
         if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if not eps > 0:
@@ -276,20 +294,25 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # >= eps ** alpha > 0, so the zero leaves are exactly the slots >= len(self), all after the
         # last item, and the tree's minimum is the minimum over the items.
         self.tree = SegmentTree(self.capacity, self.device, self.tree_arity, self.tree_top)
+        self.trees = [self.tree]  # many seeds: self.tree holds them all, trees[i] is seed i's (a view)
+        if self.num_seeds > 1:
+            self.tree, self.trees = SegmentTree.stacked(self.tree, self.num_seeds)
+        self._leaves_per_seed = self.trees[0].leaves.numel()  # seed i's leaf j is self.tree's i * this + j
         # Tensors, not Python numbers, so that sample and update never wait for the GPU and a
         # captured graph reads their current values; all are written in place only, and have
-        # shape [1], not []: torch.compile (2.13) drops in-place writes to 0-d tensor attributes.
-        self.max_priority = torch.ones(1, dtype=torch.float64, device=self.device)
-        self._last_index = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # written - 1
-        self._last_slot = torch.full((1,), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
+        # shape [1] ([num_seeds]), not []: torch.compile (2.13) drops in-place writes to 0-d tensor attributes.
+        seeds = self.num_seeds
+        self.max_priority = torch.ones(seeds, dtype=torch.float64, device=self.device)
+        self._last_index = torch.full((seeds,), -1, dtype=torch.int64, device=self.device)  # written - 1
+        self._last_slot = torch.full((seeds,), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
         self._neg_beta = torch.zeros(1, dtype=torch.float64, device=self.device)  # -beta
-        self._set_write_count(0)
+        self._set_write_count(self.written)
         self.beta = beta
         # Scratch, reused to save ops; it holds no state (a copy of the buffer need not match it):
         # last_copy[slot] = position in the current update_priority call of the slot's last valid
         # copy; strata = arange(B) / B and positions = arange(k) for the last batch sizes seen.
         self._scratch = {
-            "last_copy": torch.empty(self.capacity, dtype=torch.int32, device=self.device),
+            "last_copy": torch.empty(self.tree.leaves.numel(), dtype=torch.int32, device=self.device),
             "strata": torch.empty(0, dtype=torch.float64, device=self.device),
             "positions": torch.empty(0, dtype=torch.int32, device=self.device),
         }
@@ -313,76 +336,105 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         slots = index.remainder(self.capacity)
         self.tree.update(slots, self.max_priority.expand(slots.shape), self._full_rows)
 
-    def _set_write_count(self, written: int) -> None:
-        """Mirror the write count where sample and update read it: device tensors and one flag."""
-        self._last_index.fill_(written - 1)
-        self._last_slot.fill_(min(written, self.capacity) - 1)
+    def _set_write_count(self, written: int | np.ndarray) -> None:
+        """Mirror the write count (many seeds: counts) where sample and update read it: device tensors, a flag."""
+        if self.num_seeds == 1:
+            self._last_index.fill_(written - 1)
+            self._last_slot.fill_(min(written, self.capacity) - 1)
+        else:
+            self._last_index.copy_(torch.from_numpy(written - 1))
+            self._last_slot.copy_(torch.from_numpy(np.minimum(written, self.capacity) - 1))
         # No empty leaf is left in any row of the tree (see SegmentTree.update). Under CUDA graph
         # capture this flag, like alpha and eps, is read once: capture after load_state_dict.
-        self._full_rows = written >= self.capacity and self.capacity % self.tree.arity == 0 \
+        self._full_rows = bool(np.all(written >= self.capacity)) and self.capacity % self.tree.arity == 0 \
             and self.frame_store is None  # frame mode may drop items: zero leaves mid-buffer
 
+    def _on_write_seeds(self, index: torch.Tensor, seed: torch.Tensor, counts: np.ndarray) -> None:
+        self._set_write_count(self.written + counts)
+        slots = seed * self._leaves_per_seed + index.remainder(self.capacity)
+        self.tree.update(slots, self.max_priority.index_select(0, seed), self._full_rows)
+
+    def _tree_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """Many seeds: the tree's leaves of storage slots (seed i's slot j: i * capacity + j)."""
+        if self.num_seeds == 1:
+            return slots
+        return slots.div(self.capacity, rounding_mode="floor") * self._leaves_per_seed + slots.remainder(self.capacity)
+
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
-        # As ReplayBuffer._index_of, from the device copy of the write count.
-        return self._last_index - torch.remainder(self._last_index - slots, self.capacity)
+        # As ReplayBuffer._index_of, from the device copy of the write count (many seeds: slots [N, B]).
+        last = self._last_index if self.num_seeds == 1 else self._last_index.unsqueeze(1)
+        return last - torch.remainder(last - slots, self.capacity)
 
     # ---- sampling ----------------------------------------------------------------------------------
 
     def _on_drop(self, slots: torch.Tensor) -> None:
-        self.tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
+        self.tree.update(self._tree_slots(slots), torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
 
     def sample(self, batch_size: int) -> TensorDict:
-        """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1])."""
+        """Stratified proportional sample; adds "index" and "weight" (float32, in (0, 1]). Many seeds:
+        [N, batch_size], each seed's draws from its own generator and tree, in one descent."""
+        if self.num_seeds > 1:
+            return self._sample_seeds(batch_size)
         return self._sample_at(self.tree.find_prefix(self._fractions(batch_size), relative=True))
 
-    def _fractions(self, batch_size: int) -> torch.Tensor:
+    def _fractions(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Where the draws fall, as fractions of the total mass: draw i is uniform in [i, i + 1) / batch_size."""
         self._check_sample(batch_size)
         strata = self._scratch["strata"]
         if strata.numel() != batch_size:
             strata = torch.arange(batch_size, dtype=torch.float64, device=self.device) / batch_size
             self._scratch["strata"] = strata
-        return torch.add(strata, self._uniforms(batch_size), alpha=1 / batch_size)
+        return torch.add(strata, self._uniforms(batch_size, generator), alpha=1 / batch_size)
+
+    def _sample_seeds(self, batch_size: int) -> TensorDict:
+        fractions = torch.stack([self._fractions(batch_size, generator) for generator in self.generators])
+        slots = torch.minimum(self.tree.find_prefix_parts(fractions), self._last_slot.unsqueeze(1))
+        if self.frame_store is not None:
+            slots = self._redraw_seeds(slots, lambda i, row: self._redraw_dropped(row, i))
+        leaves = slots + self._leaves_per_seed * torch.arange(self.num_seeds, device=self.device).unsqueeze(1)
+        stored = self.tree.leaves.index_select(0, leaves.view(-1)).view(slots.shape)
+        minimum = self.tree.levels[-1][1].view(self.num_seeds, -1).amin(1, keepdim=True)  # each seed's
+        weight = _lane_pow(stored.div_(minimum), self._neg_beta).float()
+        return self._gather_seeds(slots, weight=weight)
 
     def _sample_at(self, slots: torch.Tensor) -> TensorDict:
         """The batch at the slots the descent found, with weights."""
-        batch_size = slots.numel()
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = slots.clamp_(max=self._last_slot)
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             slots = self._redraw_dropped(slots)
         stored = self.tree.leaves.index_select(0, slots)
-        weight = torch.empty(batch_size, dtype=torch.float32, device=self.device)
-        torch.pow(stored.div_(self.tree.minimum), self._neg_beta, out=weight)
+        weight = _lane_pow(stored.div_(self.tree.minimum), self._neg_beta).float()
         return self._gather(slots, weight=weight)
 
     @torch.compiler.disable  # torch.compile cannot trace a Generator held by an object: draw eagerly
-    def _uniforms(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.generator, device=self.device, dtype=torch.float64)
+    def _uniforms(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.rand(n, generator=generator or self.generator, device=self.device, dtype=torch.float64)
 
     # ---- priority updates ----------------------------------------------------------------------------
 
-    def _redraw_dropped(self, slots: torch.Tensor) -> torch.Tensor:
-        """Frame mode: replace draws that landed on a dropped transition (priority 0).
+    def _redraw_dropped(self, slots: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Frame mode: replace draws that landed on a dropped transition (priority 0), of seed `seed`.
 
         The descent only does so by rounding at a boundary next to a zero leaf, or through the
         clamp in `sample` when the last item was dropped. Such a draw is redrawn over the whole
         mass; a draw that still fails after a few rounds descends over the positive leaves alone.
         """
-        if not bool(self.tree.total > 0):
+        tree, generator, last_slot = self.trees[seed], self.generators[seed], self._last_slot[seed : seed + 1]
+        if not bool(tree.total > 0):
             raise RuntimeError("no transition can be sampled: the frames of every stored one were overwritten")
         for _ in range(4):
-            bad = self.tree.leaves.index_select(0, slots) == 0
+            bad = tree.leaves.index_select(0, slots) == 0
             if not bool(bad.any()):
                 return slots
-            fraction = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
-            fresh = self.tree.find_prefix(fraction, relative=True).clamp_(max=self._last_slot)
+            fraction = torch.rand(slots.shape, generator=generator, device=self.device, dtype=torch.float64)
+            fresh = tree.find_prefix(fraction, relative=True).clamp_(max=last_slot)
             slots = torch.where(bad, fresh, slots)
-        bad = self.tree.leaves.index_select(0, slots) == 0
-        leaves = self.tree.leaves[: len(self)]
+        bad = tree.leaves.index_select(0, slots) == 0
+        leaves = tree.leaves[: int(last_slot) + 1]
         positive = (leaves > 0).nonzero().flatten()
         upper = leaves.index_select(0, positive).cumsum(0)
-        mass = torch.rand(slots.shape, generator=self.generator, device=self.device, dtype=torch.float64)
+        mass = torch.rand(slots.shape, generator=generator, device=self.device, dtype=torch.float64)
         pick = torch.searchsorted(upper, mass.mul_(upper[-1]), right=True).clamp_(max=positive.numel() - 1)
         return torch.where(bad, positive.index_select(0, pick), slots)
 
@@ -390,8 +442,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Set the priorities of sampled items from their raw |TD error| (one per index).
 
         Bad entries raise before anything changes, or are dropped and reported later, as
-        `validation` says (see the class docstring).
+        `validation` says (see the class docstring). Many seeds: index and priority [N, B], row i seed i's.
         """
+        if self.num_seeds > 1:
+            return self._update_priority_seeds(index, priority)
         index = torch.as_tensor(index, device=self.device)
         priority = torch.as_tensor(priority, device=self.device)
         if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
@@ -412,13 +466,52 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self.validation == "immediate":
             index, priority = self._checked(index, priority)
             if index.numel() > 0:
-                self._write_priorities(index, priority, None)
+                self._write_priorities(index.remainder(self.capacity), priority, None)
             return
-        self._write_priorities(index, priority, self._valid(index, priority))
+        self._write_priorities(index.remainder(self.capacity), priority, self._valid(index, priority))
+        self._count_call()
+
+    def _count_call(self) -> None:
+        """Deferred validation: read the error counts back every check_interval eager calls."""
         if not (torch.compiler.is_compiling() or self._capturing()):
             self._calls += 1
             if self._calls % self.check_interval == 0:
                 self.check()
+
+    def _update_priority_seeds(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """update_priority for many seeds: row i of index and priority [N, B] for seed i, in one tree update."""
+        index = torch.as_tensor(index, device=self.device)
+        priority = torch.as_tensor(priority, device=self.device)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise ValueError(f"indices must be integers, got dtype {index.dtype}")
+        if index.shape != priority.shape or index.dim() < 1 or index.shape[0] != self.num_seeds:
+            raise ValueError(f"need indices and priorities [N, B] of one shape with N = {self.num_seeds} seeds, got "
+                             f"{tuple(index.shape)} and {tuple(priority.shape)}")
+        if index.numel() == 0:
+            return
+        index = index.reshape(self.num_seeds, -1).long()
+        priority = priority.detach().reshape(self.num_seeds, -1).to(torch.float64)
+        last_index = self._last_index.unsqueeze(1)
+        if self.validation == "immediate":
+            smallest, largest = torch.aminmax(priority)
+            if not (math.isfinite(smallest.item()) and math.isfinite(largest.item())):
+                raise ValueError("priorities must be finite; got NaN or inf")
+            if smallest.item() < 0:
+                raise ValueError("priorities must be >= 0 (pass the absolute TD error)")
+            if bool((index < 0).any()):
+                raise ValueError(f"negative indices: {index[index < 0].tolist()[:8]}")
+            unwritten = index > last_index
+            if bool(unwritten.any()):
+                raise ValueError(f"indices never written (seeds wrote {(self._last_index + 1).tolist()} items so "
+                                 f"far): {index[unwritten].tolist()[:8]}")
+            valid = index > last_index - self.capacity  # overwritten since they were sampled: dropped
+        else:
+            valid = self._valid(index, priority, last_index)
+        seed = torch.arange(self.num_seeds, device=self.device).unsqueeze(1)
+        slots = seed * self._leaves_per_seed + index.remainder(self.capacity)
+        self._write_priorities(slots.view(-1), priority.view(-1), valid.view(-1))
+        if self.validation == "deferred":
+            self._count_call()
 
     def _checked(self, index: torch.Tensor, priority: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Immediate validation: raise on bad entries (one host read); drop stale ones."""
@@ -442,45 +535,54 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             index, priority = index[live], priority[live]
         return index, priority
 
-    def _valid(self, index: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
-        """Deferred validation: a mask of the entries to apply; counts the bad ones on the device."""
+    def _valid(self, index: torch.Tensor, priority: torch.Tensor,
+               last_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Deferred validation: a mask of the entries to apply; counts the bad ones on the device. `last_index`:
+        the last index written (many seeds: each row's seed's, [N, 1])."""
+        last_index = self._last_index if last_index is None else last_index
         bad = torch.stack([
             ~priority.isfinite(),
             priority < 0,
             index < 0,
-            index > self._last_index,
+            index > last_index,
         ])  # one row per reason in _REJECTED
-        self._rejected.add_(bad.sum(1))
-        stale = index <= self._last_index - self.capacity  # overwritten since: dropped, not an error
+        self._rejected.add_(bad.flatten(1).sum(1))
+        stale = index <= last_index - self.capacity  # overwritten since: dropped, not an error
         return ~(bad.any(0) | stale)
 
-    def _write_priorities(self, index: torch.Tensor, priority: torch.Tensor, valid: torch.Tensor | None) -> None:
-        """Write (|p| + eps) ** alpha for the valid entries (all when `valid` is None); last copy wins.
+    def _write_priorities(self, slots: torch.Tensor, priority: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Write (|p| + eps) ** alpha at the tree's leaves `slots` for the valid entries (all when `valid` is
+        None); last copy wins. Many seeds: the slots of every seed, seed by seed, B each.
 
         Each copy of a slot in the call takes the value of its last valid copy, found with a
         scatter of positions reduced by max (deterministic on every device), so the tree only sees
         repeated slots with equal values. A slot with no valid copy keeps its leaves.
         """
-        slots = index.remainder(self.capacity)  # in range even for the bad indices, which are masked
+        # slots are in range even for the bad indices, which are masked
         position, last_copy = self._scratch["positions"], self._scratch["last_copy"]
-        if position.numel() != index.numel():
-            position = torch.arange(index.numel(), dtype=torch.int32, device=self.device)
+        if position.numel() != slots.numel():
+            position = torch.arange(slots.numel(), dtype=torch.int32, device=self.device)
             self._scratch["positions"] = position
         if valid is not None:
             position = torch.where(valid, position, -1)
         last_copy.scatter_reduce_(0, slots, position, "amax", include_self=False)
         last = last_copy.index_select(0, slots)  # -1 where no copy of the slot is valid
         value = priority.index_select(0, last if valid is None else last.clamp(min=0))
-        stored = value.add_(self.eps).pow_(self.alpha)  # (|p| + eps) ** alpha, as p >= 0
+        stored = _lane_pow(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).view(-1)  # (|p| + eps) ** alpha
         if valid is not None:  # a slot with no valid copy keeps its leaf
             stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             stored = torch.where(self.tree.leaves.index_select(0, slots) > 0, stored, 0.0)  # dropped stay 0
         self.tree.update(slots, stored, self._full_rows)
-        torch.maximum(self.max_priority, stored.amax(), out=self.max_priority)
+        torch.maximum(self.max_priority, stored.view(self.num_seeds, -1).amax(1), out=self.max_priority)
 
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _priorities(self) -> torch.Tensor:
+        """The stored priorities, a copy: [capacity] (many seeds: [N, capacity])."""
+        leaves = torch.stack([tree.leaves[: self.capacity] for tree in self.trees])
+        return leaves[0].clone() if self.num_seeds == 1 else leaves
 
     def check(self) -> None:
         """Raise ValueError if deferred validation dropped entries since the last check (one host read)."""
@@ -505,7 +607,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             alpha=self.alpha,
             beta=self.beta,
             eps=self.eps,
-            priority=self.tree.leaves[: self.capacity].clone(),  # 0 for slots never written
+            priority=self._priorities(),  # 0 for slots never written
             max_priority=self.max_priority.clone(),
         )
         return state
@@ -515,8 +617,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
         priority = state["priority"].to(self.device, torch.float64)
         # The tree is a function of its leaves (no drift), so rebuilding it restores it exactly.
-        self.tree.assign(priority)
-        self.max_priority.copy_(state["max_priority"].reshape(1))
+        for tree, leaves in zip(self.trees, priority.view(self.num_seeds, -1), strict=True):
+            tree.assign(leaves)
+        self.max_priority.copy_(state["max_priority"].reshape(self.num_seeds))
         self._set_write_count(self.written)
         self._rejected.zero_()
 

@@ -11,10 +11,16 @@ Invariants kept here (tests/test_replay.py checks each):
   which states its own invariants): each frame once, the stacks rebuilt bit for bit at sampling.
   A transition whose frames were overwritten is "dropped": it stays stored (len counts it) but is
   never sampled again. Uniform sampling is then uniform over the sampleable transitions.
+- Many seeds (num_seeds=N > 1): one tensor per key shaped [N, capacity, ...], one generator per
+  seed (seeded seed, seed + 1, ...), write counts per seed. Seed i's rows of everything that goes in
+  reach seed i's slice only, and row i of everything that comes out equals, bit for bit, what a buffer
+  of one seed (seed + i) returns for the same calls: every invariant above holds per seed, and one
+  `extend`, one draw per seed and one gather serve all seeds (tests/test_seeds.py checks it).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -39,25 +45,33 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None,
-                 frame_stack: int = 0):
+                 frame_stack: int = 0, num_seeds: int = 1):
         if int(capacity) <= 0:
             raise ValueError(f"capacity must be a positive integer, got {capacity}")
+        if int(num_seeds) < 1:
+            raise ValueError(f"num_seeds must be a positive integer, got {num_seeds}")
         self.capacity = int(capacity)
         self.device = torch.device(device)
-        self.storage: TensorDict | None = None
+        self.num_seeds = int(num_seeds)
+        self.storage: TensorDict | None = None  # [capacity]; many seeds: [num_seeds, capacity]
         self._stored_layout: dict | None = None  # {key: (item shape, dtype)} of the storage
         self._columns: dict | None = None  # {key: tensor} of the storage, for cheaper lookups than TensorDict's
+        self._flat: dict | None = None  # many seeds: {key: [seeds * capacity, ...]}: seed i slot j at i * capacity + j
         self._indexed: frozenset = frozenset()  # keys that extend writes with index_copy_ (see INDEX_COPY_ELEMENTS)
-        self.written = 0  # items written since creation; the next item's index
-        self.generator = torch.Generator(device=self.device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(int(seed))
-        self.frame_store = FrameStore(frame_stack, self.capacity, self.device) if frame_stack else None
+        # Items written since creation; the next item's index. Many seeds: an int64 array, one count per seed.
+        self.written = 0 if self.num_seeds == 1 else np.zeros(self.num_seeds, dtype=np.int64)
+        self.generators = [torch.Generator(device=self.device) for _ in range(self.num_seeds)]
+        for i, generator in enumerate(self.generators):
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(seed) + i)
+        self.generator = self.generators[0]  # one seed: its generator
+        self.frame_store = FrameStore(frame_stack, self.capacity, self.device, self.num_seeds) if frame_stack else None
 
     def __len__(self) -> int:
-        return min(self.written, self.capacity)
+        """Items stored; many seeds: the fewest any seed holds (a batch can be drawn for every seed from this)."""
+        return int(min(np.min(self.written), self.capacity))
 
     def __repr__(self) -> str:
         keys = [] if self.storage is None else sorted(map(str, self.storage.keys(True, True)))
@@ -75,11 +89,19 @@ class ReplayBuffer:
         if self.frame_store is None:
             return transitions
         step, dropped = self.frame_store.add(transitions, self.written - self.capacity)
-        self._drop(dropped)
+        self._drop(*dropped) if self.num_seeds > 1 else self._drop(dropped)
         return step
 
     def extend(self, data: TensorDict) -> torch.Tensor:
-        """Append a batch (batch_size [B]); return the items' int64 indices [B]."""
+        """Append a batch (batch_size [B]); return the items' int64 indices [B].
+
+        Many seeds: a batch [N, B] (row i: seed i's items), or [N * B] laid out seed by seed (a vector env of
+        N * E envs, seed i's in rows i * E ...), or [K] rows with an int64 "seed" entry naming each row's seed
+        (what NStepReturns(num_seeds=N) emits; a seed's rows keep their order); returns the indices in the
+        batch's layout, each counted in its seed's buffer.
+        """
+        if self.num_seeds > 1:
+            return self._extend_seeds(data)
         if data.batch_dims != 1:
             raise ValueError(f"extend expects a TensorDict with one batch dimension, got {data.batch_size}")
         size = data.batch_size[0]
@@ -108,7 +130,7 @@ class ReplayBuffer:
         self._on_write(index)
         self.written += size
         if self.frame_store is not None:
-            self._drop(self.frame_store.register(self.written - size, *positions))
+            self._drop(self.frame_store.register(np.arange(self.written - size, self.written), *positions))
         return index
 
     def _copy_runs(self, column: torch.Tensor, src: torch.Tensor) -> None:
@@ -120,12 +142,16 @@ class ReplayBuffer:
             column[: size - head].copy_(src[head:])
 
     def _allocate(self, data: TensorDict) -> TensorDict:
+        """Empty storage for items like those of `data` (batch [B]): [capacity] ([num_seeds, capacity])."""
         item_bytes = sum(x[0].numel() * x.element_size() for x in data.values(True, True))
-        check_fits(self.capacity * item_bytes, self.device, f"a replay buffer of {self.capacity:,} items")
+        seeds = f"{self.num_seeds} x " if self.num_seeds > 1 else ""
+        check_fits(self.num_seeds * self.capacity * item_bytes, self.device,
+                   f"a replay buffer of {seeds}{self.capacity:,} items")
+        shape = [self.capacity] if self.num_seeds == 1 else [self.num_seeds, self.capacity]
         # torch.empty leaves pages untouched until written, so a large buffer costs memory as it fills.
         return data.apply(
-            lambda x: torch.empty((self.capacity, *x.shape[1:]), dtype=x.dtype, device=self.device),
-            batch_size=[self.capacity],
+            lambda x: torch.empty((*shape, *x.shape[1:]), dtype=x.dtype, device=self.device),
+            batch_size=shape,
             device=self.device,
         )
 
@@ -134,13 +160,16 @@ class ReplayBuffer:
         self.storage = storage
         self._stored_layout = None if storage is None else _layout(storage)
         self._columns = None if storage is None else dict(storage.items(True, True))
+        self._flat = None if storage is None or self.num_seeds == 1 else {
+            key: value.flatten(0, 1) for key, value in self._columns.items()}
         self._indexed = frozenset() if storage is None else frozenset(
-            key for key, value in self._columns.items() if value[0].numel() <= INDEX_COPY_ELEMENTS)
+            key for key, value in self._columns.items()
+            if value.shape[storage.batch_dims:].numel() <= INDEX_COPY_ELEMENTS)
 
     def _check_layout(self, items: list) -> None:
         """Raise, naming what differs, unless the batch's (key, tensor) `items` have the stored keys, item
         shapes and dtypes."""
-        given = {key: (value.shape[1:], value.dtype) for key, value in items}
+        given = {key: (value.shape[1:], value.dtype) for key, value in items}  # items [B, ...]
         if given == self._stored_layout:  # the common case: one pass over the batch, no lookups
             return
         stored = self._stored_layout
@@ -159,14 +188,16 @@ class ReplayBuffer:
     def _on_write(self, index: torch.Tensor) -> None:
         """Hook for subclasses that keep per-slot data (priorities): the indices just written."""
 
-    def _drop(self, index: torch.Tensor) -> None:
-        """Frame mode: live items (CPU indices) whose frames were overwritten; never sample them again.
+    def _drop(self, index: torch.Tensor, seed: torch.Tensor | None = None) -> None:
+        """Frame mode: live items (CPU indices; many seeds: with their seeds) whose frames were overwritten;
+        never sample them again.
 
         Uniform sampling finds them from their positions (FrameStore.sampleable); subclasses that
-        keep per-slot data hear of them through _on_drop.
+        keep per-slot data hear of them through _on_drop (many seeds: seed i's slot j as i * capacity + j).
         """
         if index.numel():
-            self._on_drop(index.remainder(self.capacity).to(self.device))
+            slots = index.remainder(self.capacity)
+            self._on_drop((slots if seed is None else seed * self.capacity + slots).to(self.device))
 
     def _on_drop(self, slots: torch.Tensor) -> None:
         """Hook for subclasses that keep per-slot data (a prioritized buffer zeroes the priorities)."""
@@ -174,7 +205,10 @@ class ReplayBuffer:
     # ---- reading -------------------------------------------------------------------------------
 
     def sample(self, batch_size: int) -> TensorDict:
-        """Draw `batch_size` items uniformly with replacement; adds "index"."""
+        """Draw `batch_size` items uniformly with replacement; adds "index". Many seeds: [N, batch_size], each
+        seed's draws from its own generator and items."""
+        if self.num_seeds > 1:
+            return self._sample_seeds(batch_size)
         self._check_sample(batch_size)
         slots = torch.randint(len(self), (batch_size,), generator=self.generator, device=self.device)
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
@@ -193,28 +227,44 @@ class ReplayBuffer:
 
         Slices are not cut at episode ends: "terminated" and "truncated" come back as stored, and
         the caller masks every step after the first end in a slice.
+
+        Many seeds: [N, batch_size, length], each seed's starts drawn from its own generator.
         """
         self._check_sample(batch_size)
         if int(length) < 1 or int(stride) < 1:
             raise ValueError(f"length and stride must be positive, got length={length}, stride={stride}")
         span = (length - 1) * stride  # from the first item of a slice to its last
-        starts = len(self) - span  # how many start indices have their whole slice stored
+        starts = len(self) - span  # how many start indices have their whole slice stored (the fewest of any seed)
         if starts <= 0:
             raise ValueError(f"a slice of {length} items {stride} apart spans {span + 1} items; "
                              f"the buffer holds {len(self)}")
-        first = torch.randint(starts, (batch_size, 1), generator=self.generator, device=self.device)
-        index = first + (self.written - len(self)) + stride * torch.arange(length, device=self.device)
-        slots = index.remainder(self.capacity).view(-1)
-        batch = {key: torch.index_select(value, 0, slots).view(batch_size, length, *value.shape[1:])
-                 for key, value in self.storage.items(True, True)}
+        steps = stride * torch.arange(length, device=self.device)
+        if self.num_seeds == 1:
+            first = torch.randint(starts, (batch_size, 1), generator=self.generator, device=self.device)
+            index = first + (self.written - len(self)) + steps
+            slots = index.remainder(self.capacity).view(-1)
+            batch = {key: torch.index_select(value, 0, slots).view(batch_size, length, *value.shape[1:])
+                     for key, value in self.storage.items(True, True)}
+            batch["index"] = index
+            return TensorDict(batch, batch_size=[batch_size, length], device=self.device)
+        stored = np.minimum(self.written, self.capacity)
+        first = torch.stack([torch.randint(int(size) - span, (batch_size, 1), generator=generator, device=self.device)
+                             for size, generator in zip(stored, self.generators, strict=True)])
+        index = first + torch.as_tensor(self.written - stored, device=self.device).view(-1, 1, 1) + steps
+        slots = (index.remainder(self.capacity) + self._offsets().view(-1, 1, 1)).view(-1)
+        shape = (self.num_seeds, batch_size, length)
+        batch = {key: torch.index_select(value, 0, slots).view(*shape, *value.shape[1:])
+                 for key, value in self._flat.items()}
         batch["index"] = index
-        return TensorDict(batch, batch_size=[batch_size, length], device=self.device)
+        return TensorDict(batch, batch_size=shape, device=self.device)
 
     def _check_sample(self, batch_size: int) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if self.storage is None:  # as written == 0, but not a Python int that torch.compile would guard on
             raise RuntimeError("cannot sample from an empty buffer: extend it first")
+        if self.num_seeds > 1 and len(self) == 0:
+            raise RuntimeError(f"cannot sample: seeds {np.flatnonzero(self.written == 0).tolist()} hold no items yet")
 
     def _gather(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
         """The items in `slots`, plus "index" and any `extra` per-item tensors (e.g. "weight")."""
@@ -227,8 +277,11 @@ class ReplayBuffer:
         return _tensordict(batch, slots.numel(), self.device)
 
     def _index_of(self, slots: torch.Tensor) -> torch.Tensor:
-        """The write position of the item now in each slot: the latest k < written with k % capacity == slot."""
+        """The write position of the item now in each slot: the latest k < written with k % capacity == slot
+        (many seeds: slots [N, B], each row in its seed's count)."""
         last = self.written - 1
+        if self.num_seeds > 1:
+            last = torch.as_tensor(last, device=self.device).unsqueeze(1)
         return last - torch.remainder(last - slots, self.capacity)
 
     # ---- checkpointing ---------------------------------------------------------------------------
@@ -241,10 +294,13 @@ class ReplayBuffer:
         """
         state = {
             "capacity": self.capacity,
-            "written": self.written,
+            "num_seeds": self.num_seeds,
+            "written": self.written if self.num_seeds == 1 else self.written.tolist(),
             "storage": None if self.storage is None else self.storage.to_dict(),
             "generator": self.generator.get_state(),
         }
+        if self.num_seeds > 1:
+            state["generators"] = [generator.get_state() for generator in self.generators]
         if self.frame_store is not None:
             state["frames"] = self.frame_store.state_dict()
         return state
@@ -255,6 +311,8 @@ class ReplayBuffer:
         already on this buffer's device (e.g. from torch.load(..., mmap=True)) instead of copying them."""
         if state["capacity"] != self.capacity:
             raise ValueError(f"state is for capacity {state['capacity']}, this buffer has {self.capacity}")
+        if state.get("num_seeds", 1) != self.num_seeds:
+            raise ValueError(f"state is for {state.get('num_seeds', 1)} seeds, this buffer has {self.num_seeds}")
         given = state["frames"]["frame_stack"] if "frames" in state else 0
         mine = 0 if self.frame_store is None else self.frame_store.frame_stack
         if given != mine:
@@ -263,10 +321,127 @@ class ReplayBuffer:
             self.frame_store.load_state_dict(state["frames"], copy=copy)
         storage = state["storage"]
         if storage is not None:
-            storage = TensorDict(storage, batch_size=[self.capacity]).to(self.device)
+            shape = [self.capacity] if self.num_seeds == 1 else [self.num_seeds, self.capacity]
+            storage = TensorDict(storage, batch_size=shape).to(self.device)
         self._set_storage(storage.clone() if copy and storage is not None else storage)
-        self.written = int(state["written"])
-        self.generator.set_state(state["generator"])
+        if self.num_seeds == 1:
+            self.written = int(state["written"])
+            self.generator.set_state(state["generator"])
+        else:
+            self.written = np.array(state["written"], dtype=np.int64)
+            for generator, generator_state in zip(self.generators, state["generators"], strict=True):
+                generator.set_state(generator_state)
+
+    # ---- many seeds --------------------------------------------------------------------------------
+
+    def _offsets(self) -> torch.Tensor:
+        """Where each seed's slots start in the flat storage: i * capacity, [num_seeds] on device."""
+        return torch.arange(self.num_seeds, device=self.device) * self.capacity
+
+    def _seed_rows(self, data: TensorDict) -> tuple[TensorDict, np.ndarray | None, int]:
+        """(the rows [K] seed by seed or in any order, each row's seed or None when the rows are seed by seed
+        with `per_seed` each, per_seed) for extend's layouts (see extend)."""
+        if data.batch_dims == 2:
+            if data.batch_size[0] != self.num_seeds:
+                raise ValueError(f"a batch [N, B] needs one row per seed ({self.num_seeds}), got {data.batch_size}")
+            return data.reshape(-1), None, data.batch_size[1]
+        if data.batch_dims != 1:
+            raise ValueError(f"extend expects a batch [N, B] or [K] for {self.num_seeds} seeds, got {data.batch_size}")
+        seed = data.get("seed", None)
+        if seed is None:
+            if len(data) % self.num_seeds:
+                raise ValueError(f"{len(data)} rows do not split evenly over {self.num_seeds} seeds; give each row "
+                                 "its seed in a 'seed' entry")
+            return data, None, len(data) // self.num_seeds
+        seed = seed.cpu().numpy().astype(np.int64)
+        if seed.size and (seed.min() < 0 or seed.max() >= self.num_seeds):
+            raise ValueError(f"'seed' entries must be in [0, {self.num_seeds}), got {sorted(set(seed.tolist()))[:8]}")
+        return data.exclude("seed"), seed, 0
+
+    def _extend_seeds(self, data: TensorDict) -> torch.Tensor:
+        """extend for many seeds: one write per key for every seed's rows (see extend)."""
+        layout = data.batch_size
+        rows, seed, per_seed = self._seed_rows(data)
+        if seed is None:
+            seed, rank = np.repeat(np.arange(self.num_seeds), per_seed), np.tile(np.arange(per_seed), self.num_seeds)
+            counts = np.full(self.num_seeds, per_seed)
+        else:  # each row's place among its seed's rows, in order
+            counts = np.bincount(seed, minlength=self.num_seeds)
+            order = np.argsort(seed, kind="stable")
+            rank = np.empty_like(seed)
+            rank[order] = np.arange(seed.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        if counts.max(initial=0) > self.capacity:
+            raise ValueError(f"batch of {counts.max()} items for one seed does not fit a buffer of capacity "
+                             f"{self.capacity}")
+        index = self.written[seed] + rank
+        if self.frame_store is not None:
+            positions = self.frame_store.check_positions(rows, self.written + counts - self.capacity, seed)
+        items = list(rows.items(True, True))
+        if self.storage is not None:
+            self._check_layout(items)
+        elif len(rows) > 0:
+            self._set_storage(self._allocate(rows))
+        if len(rows) == 0:
+            return torch.empty(layout, dtype=torch.int64, device=self.device)
+        equal = per_seed and (self.written == self.written[0]).all()  # the usual step: one slice of every seed
+        slots = None if equal else torch.from_numpy(seed * self.capacity + index % self.capacity).to(self.device)
+        moved = rows.device != self.device
+        for key, src in items:
+            if moved and src.device != self.device:
+                src = src.to(self.device, non_blocking=self.device.type == "cuda")
+            if equal:
+                self._copy_seed_runs(self._columns[key], src.view(self.num_seeds, per_seed, *src.shape[1:]))
+            else:
+                self._flat[key].index_copy_(0, slots, src)
+        index = torch.from_numpy(index).to(self.device)
+        self._on_write_seeds(index, torch.from_numpy(seed).to(self.device), counts)
+        self.written = self.written + counts
+        if self.frame_store is not None:
+            self._drop(*self.frame_store.register(index.cpu().numpy(), *positions))
+        return index.view(layout)
+
+    def _copy_seed_runs(self, column: torch.Tensor, src: torch.Tensor) -> None:
+        """Write src [N, B, ...] into every seed's slots from written % capacity on (all seeds' counts equal)."""
+        start, size = int(self.written[0] % self.capacity), src.shape[1]
+        head = min(size, self.capacity - start)
+        column[:, start : start + head].copy_(src[:, :head])
+        if head < size:
+            column[:, : size - head].copy_(src[:, head:])
+
+    def _on_write_seeds(self, index: torch.Tensor, seed: torch.Tensor, counts: np.ndarray) -> None:
+        """Hook for subclasses that keep per-slot data: the indices just written, with their seeds."""
+
+    def _sample_seeds(self, batch_size: int) -> TensorDict:
+        self._check_sample(batch_size)
+        stored = np.minimum(self.written, self.capacity)
+        slots = torch.stack([torch.randint(int(size), (batch_size,), generator=generator, device=self.device)
+                             for size, generator in zip(stored, self.generators, strict=True)])
+        if self.frame_store is not None:
+            slots = self._redraw_seeds(slots, lambda i, row: self.frame_store.redraw_uniform(
+                row, self._columns["obs"][i], int(stored[i]), self.generators[i]))
+        return self._gather_seeds(slots)
+
+    def _redraw_seeds(self, slots: torch.Tensor, redraw) -> torch.Tensor:
+        """Frame mode: each seed's draws [N, B] with those of dropped transitions replaced by redraw(i, row)."""
+        first_live = self.written - self.capacity
+        if not self.frame_store.may_hold_dropped(first_live):
+            return slots
+        dropped = self.frame_store.last_dropped >= first_live
+        return torch.stack([redraw(i, row) if dropped[i] else row for i, row in enumerate(slots)])
+
+    def _gather_seeds(self, slots: torch.Tensor, **extra: torch.Tensor) -> TensorDict:
+        """Each seed's items at its slots [N, B], plus "index" and `extra`: TensorDict [N, B]."""
+        shape = slots.shape
+        flat = (slots + self._offsets().unsqueeze(1)).view(-1)
+        batch = {key: torch.index_select(value, 0, flat).view(*shape, *value.shape[1:])
+                 for key, value in self._flat.items()}
+        if self.frame_store is not None:
+            obs, next_obs = self.frame_store.stacks(batch["obs"].view(-1), batch["next_obs"].view(-1),
+                                                    self.written - self.capacity)
+            batch["obs"], batch["next_obs"] = obs.view(*shape, *obs.shape[1:]), next_obs.view(*shape, *obs.shape[1:])
+        batch["index"] = self._index_of(slots)
+        batch.update(extra)
+        return TensorDict(batch, batch_size=shape, device=self.device)
 
 
 def _tensordict(batch: dict, size: int, device: torch.device) -> TensorDict:
@@ -282,5 +457,5 @@ def _tensordict(batch: dict, size: int, device: torch.device) -> TensorDict:
 
 
 def _layout(data: TensorDict) -> dict:
-    """{key: (item shape, dtype)} of a batch: what must match the stored tensors."""
-    return {key: (value.shape[1:], value.dtype) for key, value in data.items(True, True)}
+    """{key: (item shape, dtype)} of a batch or of the storage: what must match the stored tensors."""
+    return {key: (value.shape[data.batch_dims:], value.dtype) for key, value in data.items(True, True)}
