@@ -2,12 +2,14 @@
 
     python benchmarks/breakdown.py                    # algos/dqn.py, configs/dqn/cartpole.yaml, 20k steps
     python benchmarks/breakdown.py --algo ddpg        # algos/ddpg.py, configs/ddpg/pendulum.yaml, 6k steps
+    python benchmarks/breakdown.py --num-seeds 10     # a pack of 10 seeds in one process
 
 Runs the algorithm file's main() once, on one torch thread with periodic evaluations off, after wrapping
 (in this process only) the calls that its loop makes: the vector env's step, TransitionRecorder.record,
-NStepReturns.push, ReplayBuffer.extend and .sample, the networks' forward passes (batch 1: acting;
-batch > 1: the update), Tensor.backward, the per-seed gradient clipping, Adam's zero_grad and step, and the target
-update (TensorDict.lerp_). Prints each call's median and total time per environment step and its share
+NStepReturns.push, ReplayBuffer.extend and .sample, the networks' forward passes (acting, under inference
+mode; the update), Tensor.backward, the gradient clipping, Adam's zero_grad and step, and the target update
+(TensorDict.lerp_). With --num-seeds N every call serves the N seeds of a pack; times are per environment step
+of the pack (N seed-steps). Prints each call's median and total time per environment step and its share
 of the training loop; what is left is the Python between the calls. Each timer adds about a
 microsecond per call. Writes benchmarks/results/breakdown_<algo>.json.
 
@@ -36,9 +38,11 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 from tensordict import TensorDictBase  # noqa: E402
 
+import harness.run  # noqa: E402
 from buffers import NStepReturns, ReplayBuffer  # noqa: E402
 from envs import TransitionRecorder  # noqa: E402
-from tests.algo_utils import load_algo  # noqa: E402  (algos/<name>.py as a module, as the tests load it)
+from harness import SeedAdam  # noqa: E402
+from tests.algo_utils import load_algo, parse  # noqa: E402  (algos/<name>.py as a module, as the tests load it)
 
 DEFAULTS = {"dqn": ("configs/dqn/cartpole.yaml", 20_000), "ddpg": ("configs/ddpg/pendulum.yaml", 6_000)}
 SAMPLES: dict[str, list[float]] = {}
@@ -66,15 +70,16 @@ def main() -> None:
     parser.add_argument("--algo", choices=list(DEFAULTS), default="dqn")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--num-seeds", type=int, default=1, help="seeds in the pack (default: 1)")
     parser.add_argument("--out", type=Path)
     options = parser.parse_args()
     config, steps = ROOT / DEFAULTS[options.algo][0], options.steps or DEFAULTS[options.algo][1]
     algo = load_algo(options.algo)
 
-    def batch_label(prefix: str):
-        return lambda args: f"{prefix} forward, batch {'1 (act)' if args[1].shape[1] == 1 else '> 1 (update)'}"
+    def forward_label(prefix: str):  # acting runs under inference mode, the update does not
+        return lambda args: f"{prefix} forward, {'act' if torch.is_inference_mode_enabled() else 'update'}"
 
-    evaluate = algo.evaluate
+    evaluate = harness.run.evaluate
 
     def untimed_evaluate(*args, **kwargs):
         TIMING[0] = False
@@ -83,7 +88,7 @@ def main() -> None:
         finally:
             TIMING[0] = True
 
-    algo.evaluate = untimed_evaluate
+    harness.run.evaluate = untimed_evaluate
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # installs the profiling hook on Adam.step: timed too
     timed(gym.vector.SyncVectorEnv, "step", lambda args: "env step")
     timed(TransitionRecorder, "record")
@@ -92,17 +97,19 @@ def main() -> None:
     timed(ReplayBuffer, "sample")
     for network in ("QNetwork", "Actor"):
         if hasattr(algo, network):
-            timed(getattr(algo, network), "forward", batch_label(network))
+            timed(getattr(algo, network), "forward", forward_label(network))
     timed(torch.Tensor, "backward")
-    if hasattr(algo, "clip_grad_norm_per_seed"):  # the update looks it up in the module when it runs
-        timed(algo, "clip_grad_norm_per_seed")
+    if hasattr(algo, "clip_grad_norm"):  # the update looks it up in the module when it runs
+        timed(algo, "clip_grad_norm")
     timed(torch.optim.Adam, "zero_grad", lambda args: "Adam zero_grad")
     timed(torch.optim.Adam, "step", lambda args: "Adam step")
+    timed(SeedAdam, "step", lambda args: "Adam step")
     timed(TensorDictBase, "lerp_", lambda args: "target lerp_")
 
     os.environ.setdefault("WANDB_MODE", "disabled")
-    args = algo.parse_args(["--config", str(config), "--total-timesteps", str(steps), "--seed", str(options.seed),
-                            "--threads", "1", "--no-cuda", "--eval-frequency", "0", "--run-name", "breakdown"])
+    args = parse(algo, ["--config", str(config), "--total-timesteps", str(steps), "--seed", str(options.seed),
+                        "--num-seeds", str(options.num_seeds), "--threads", "1", "--no-cuda", "--eval-frequency", "0",
+                        "--run-name", "breakdown"])
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # the run directory is runs/breakdown under the working directory
@@ -110,6 +117,7 @@ def main() -> None:
             summary = algo.main(args)
         finally:
             os.chdir(cwd)
+    summary = summary[0] if isinstance(summary, list) else summary
     loop_s = summary["global_step"] / summary["train_sps"]
     rows = []
     for label, times in SAMPLES.items():
@@ -119,16 +127,17 @@ def main() -> None:
     rest = loop_s / steps * 1e6 - sum(row["us_per_step"] for row in rows)
     rows.append({"call": "the rest: Python between the calls", "calls_per_step": 1.0, "median_us": None,
                  "us_per_step": rest})
-    print(f"{options.algo}, {steps} steps, loop {loop_s:.1f} s = {loop_s / steps * 1e6:.0f} us per env step "
-          f"(torch {torch.__version__}, one thread)")
+    print(f"{options.algo}, {options.num_seeds} seed(s), {steps} steps, loop {loop_s:.1f} s = "
+          f"{loop_s / steps * 1e6:.0f} us per env step (torch {torch.__version__}, one thread)")
     print(f"{'call':42s} {'per step':>9s} {'median us':>10s} {'us/step':>8s} {'share':>6s}")
     for row in rows:
         median = "-" if row["median_us"] is None else f"{row['median_us']:.1f}"
         print(f"{row['call']:42s} {row['calls_per_step']:9.3f} {median:>10s} {row['us_per_step']:8.1f} "
               f"{row['us_per_step'] * steps / 1e6 / loop_s:6.1%}")
-    out = options.out or ROOT / "benchmarks" / "results" / f"breakdown_{options.algo}.json"
-    out.write_text(json.dumps({"algo": options.algo, "steps": steps, "loop_s": loop_s, "torch": torch.__version__,
-                               "rows": rows}, indent=2))
+    pack = f"_{options.num_seeds}seeds" if options.num_seeds > 1 else ""
+    out = options.out or ROOT / "benchmarks" / "results" / f"breakdown_{options.algo}{pack}.json"
+    out.write_text(json.dumps({"algo": options.algo, "num_seeds": options.num_seeds, "steps": steps, "loop_s": loop_s,
+                               "torch": torch.__version__, "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -23,18 +23,26 @@ def evaluate(
     env_id: str,
     policy: Callable[[np.ndarray], np.ndarray],
     episodes: int,
-    seed: int,
+    seed: int | Sequence[int],
     *,
     num_envs: int = 1,
     max_episode_steps: int | None = None,
-    video_dir: str | None = None,
+    video_dir: str | Sequence[str | None] | None = None,
     abort: Callable[[], bool] | None = None,
-) -> list[float]:
+) -> list[float] | list[list[float]]:
     """Raw (unclipped) returns of `episodes` episodes of `policy` (batch of obs -> batch of actions).
 
-    Sub-env i plays a fixed share of the episodes (the first ones it finishes), so the result
-    does not favour short episodes as "whichever episodes end first" would; returns come in the
-    order the episodes ended, which is deterministic for a given seed and policy (an
+    `seed` an int: one evaluation, its `num_envs` envs seeded seed, seed + 1, ... (as
+    `env.reset(seed=seed)` seeds them); returns its returns. `seed` a list: one evaluation per
+    seed, all in one vector env stepped together (G groups of `num_envs` envs, group g in rows
+    g * num_envs ... and seeded seeds[g], seeds[g] + 1, ...), so a pack of networks is evaluated
+    with one policy call per step; returns each group's returns, each the same as that group's
+    evaluation alone (the envs are independent; the policy must act on each group's rows as it
+    would alone, e.g. draw its exploration from the group's own generator).
+
+    Sub-env i plays a fixed share of its group's episodes (the first ones it finishes), so the
+    result does not favour short episodes as "whichever episodes end first" would; returns come in
+    the order the episodes ended, which is deterministic for a given seed and policy (an
     epsilon-greedy policy must draw from its own seeded generator).
 
     `max_episode_steps` caps each episode at that many agent steps (default: 27,000 on Atari,
@@ -46,28 +54,35 @@ def evaluate(
     `abort`, if given, is asked before every step; when it returns True the evaluation stops by
     raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
 
-    With `video_dir`, env 0's first episode is written to `video_dir/eval-episode-0.mp4`, from the
-    first observation to the terminal one. Its frames come from a mirror of env 0 (see `Mirror`): an
-    env of the same id, settings and seed that takes env 0's actions, so it plays the same episode, and
-    shows it as a person would see it: `render()` frames for gymnasium envs (the terminal frame
-    included, which the vector env, having reset, can no longer render), and for Atari the game's own
-    colour screen (210x160 RGB, the max of the last two frames of each skip), not the 84x84 grayscale
-    stacks the policy sees.
+    With `video_dir` (one per group for a list of seeds; None skips a group), the group's env 0's
+    first episode is written to `video_dir/eval-episode-0.mp4`, from the first observation to the
+    terminal one. Its frames come from a mirror of that env (see `Mirror`): an env of the same id,
+    settings and seed that takes its actions, so it plays the same episode, and shows it as a person
+    would see it: `render()` frames for gymnasium envs (the terminal frame included, which the
+    vector env, having reset, can no longer render), and for Atari the game's own colour screen
+    (210x160 RGB, the max of the last two frames of each skip), not the 84x84 grayscale stacks the
+    policy sees.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    grouped = not isinstance(seed, int | np.integer)
+    seeds = [int(s) for s in seed] if grouped else [int(seed)]
+    video_dirs = list(video_dir) if grouped and video_dir is not None else [video_dir] * len(seeds)
     atari = is_atari(env_id)
     if max_episode_steps is None and atari:
         max_episode_steps = ATARI_MAX_EPISODE_STEPS
     if max_episode_steps is not None and max_episode_steps < 1:
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
-    env = make_vector_env(env_id, num_envs, seed, training=False)
-    quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
-    stats = EpisodeStats(num_envs)
-    returns: list[float] = []
-    mirror = Mirror(env_id, seed) if video_dir is not None else None
+    env = make_vector_env(env_id, len(seeds) * num_envs, seeds[0], training=False)
+    share = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+    quota = np.array(share * len(seeds))
+    stats = EpisodeStats(len(quota))
+    returns: list[list[float]] = [[] for _ in seeds]
+    mirrors = {g * num_envs: Mirror(env_id, s) for g, (s, d) in enumerate(zip(seeds, video_dirs, strict=True))
+               if d is not None}
     try:
-        obs, _ = env.reset(seed=seed)
+        env_seeds = [s + j for s in seeds for j in range(num_envs)]
+        obs, _ = env.reset(seed=np.array(env_seeds) if atari else env_seeds)
         while quota.any():
             if abort is not None and abort():  # e.g. a signal arrived: the caller catches KeyboardInterrupt
                 raise KeyboardInterrupt
@@ -75,22 +90,23 @@ def evaluate(
             obs, reward, terminated, truncated, info = env.step(action)
             done = terminated | truncated
             capped = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
-            if mirror is not None and mirror.recording:
-                mirror.step(action[0], float(reward[0]), bool(done[0] or capped[0]))
+            for i, mirror in mirrors.items():
+                if mirror.recording:
+                    mirror.step(action[i], float(reward[i]), bool(done[i] or capped[i]))
             for i, ret, _ in stats.update(reward, done | capped):
                 if quota[i] > 0:
                     quota[i] -= 1
-                    returns.append(ret)
+                    returns[i // num_envs].append(ret)
             if capped.any() and quota.any():
                 # sub-envs not in the mask go on: both vector envs report their current obs
                 obs, _ = env.reset(options={"reset_mask": capped})
     finally:
         env.close()
-        if mirror is not None:
+        for mirror in mirrors.values():
             mirror.close()
-    if mirror is not None:
-        _write_mp4(os.path.join(video_dir, "eval-episode-0.mp4"), mirror.frames, mirror.fps)
-    return returns
+    for i, mirror in mirrors.items():
+        _write_mp4(os.path.join(video_dirs[i // num_envs], "eval-episode-0.mp4"), mirror.frames, mirror.fps)
+    return returns if grouped else returns[0]
 
 
 class Mirror:

@@ -10,16 +10,16 @@ class RunningMeanStd(nn.Module):
     sees the latest statistics (as SB3's VecNormalize does). With enabled=False it passes observations
     through unchanged and ignores updates, so a caller needs no branch for the option.
 
-    `batch_dim` is the dimension of `update`'s observations that the statistics are taken over; the others
-    follow `shape`. Many seeds: shape (N, 1, *obs_shape) and batch_dim 1 keep each seed's own statistics of
-    its observations [N, E, *obs_shape], broadcast over batches [N, B, *obs_shape]."""
+    `update` takes observations [..., n, *shape] and folds the n rows in; leading dimensions must match the
+    statistics', so a pack of seeds (harness.stacked: statistics [seeds, 1, *shape]) keeps each seed's own
+    statistics of its rows [seeds, n, *shape]. The count is kept per element, like the mean, for the same reason."""
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, enabled: bool = True, batch_dim: int = 0):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, enabled: bool = True):
         super().__init__()
-        self.clip, self.enabled, self.batch_dim = clip, enabled, batch_dim
+        self.clip, self.enabled, self.batch_dim = clip, enabled, -1 - len(shape)  # the dim before the observation's
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))  # no 0/0 before the first batch
+        self.register_buffer("count", torch.full(shape, 1e-4, dtype=torch.float64))  # no 0/0 before the first batch
 
     @torch.no_grad()
     def update(self, obs: torch.Tensor) -> None:  # in place, so that CUDA graphs read the new statistics

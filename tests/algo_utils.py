@@ -20,6 +20,11 @@ def load_algo(name: str) -> ModuleType:
     return module
 
 
+def parse(module: ModuleType, argv: list[str]):
+    """The file's arguments from a command line, as `python algos/<name>.py ARGV` parses them."""
+    return module.parse_args(module.Args, module.__doc__, getattr(module, "ATARI_PRESET", None), argv=argv)
+
+
 def tiny_args(module: ModuleType, **changes):
     """The script's Args with budgets small enough for a smoke test that still reaches gradient steps."""
     tiny = dict(total_timesteps=400, learning_starts=100, buffer_size=1000, batch_size=16, train_frequency=2,

@@ -1,6 +1,6 @@
-"""Copy one file and go: each algorithm file, copied with `buffers/` and `envs/` into an empty directory
-(as a researcher copies it into their own code), runs there as a script and leaves a complete run
-directory; renamed packages work after changing only the file's import lines."""
+"""Copy one file and go: each algorithm file, copied with `buffers/`, `envs/` and `harness/` into an empty directory
+(as a researcher copies it into their own code), runs there as a script and leaves a complete run directory;
+renamed packages work after changing only their import lines (the file's, and harness's two of envs)."""
 
 from __future__ import annotations
 
@@ -24,17 +24,21 @@ TINY = {
 }
 
 
-def copied(tmp_path: Path, algo: str, buffers: str = "buffers", envs: str = "envs") -> Path:
-    """algos/<algo>.py (renamed research_<algo>.py) beside copies of buffers/ and envs/, in a fresh directory."""
+def copied(tmp_path: Path, algo: str, buffers: str = "buffers", envs: str = "envs", harness: str = "harness") -> Path:
+    """algos/<algo>.py (renamed research_<algo>.py) beside copies of buffers/, envs/ and harness/, in a fresh
+    directory, each package under the name given."""
     work = tmp_path / "research"
     work.mkdir()
     ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "buffers", work / buffers, ignore=ignore)
-    shutil.copytree(ROOT / "envs", work / envs, ignore=ignore)
-    text = (ROOT / "algos" / f"{algo}.py").read_text()
-    for package, name in (("buffers", buffers), ("envs", envs)):  # the only lines a renamed copy changes
-        text = text.replace(f"from {package} import", f"from {name} import")
-    (work / f"research_{algo}.py").write_text(text)
+    names = {"buffers": buffers, "envs": envs, "harness": harness}
+    for package, name in names.items():
+        shutil.copytree(ROOT / package, work / name, ignore=ignore)
+    files = [ROOT / "algos" / f"{algo}.py", *sorted((work / harness).glob("*.py"))]
+    for path in files:  # the only lines a renamed copy changes: `from <package> import`
+        text = path.read_text()
+        for package, name in names.items():
+            text = text.replace(f"from {package} import", f"from {name} import")
+        (work / f"research_{algo}.py" if path.parent.name == "algos" else path).write_text(text)
     return work
 
 
@@ -62,10 +66,12 @@ def test_an_algorithm_file_runs_from_a_copy_with_buffers_and_envs(tmp_path, algo
 
 
 def test_renamed_packages_work_after_changing_only_the_import_lines(tmp_path):
-    """A research repository that already has `buffers` and `envs` packages vendors ours under other names:
-    the packages import their own modules relatively, so nothing inside them needs editing."""
-    work = copied(tmp_path, "per_dqn", buffers="zoo_buffers", envs="zoo_envs")
-    for name in ("buffers", "envs"):  # the research code's own packages of those names, in the way
+    """A research repository that already has `buffers`, `envs` and `harness` packages vendors ours under other
+    names: the packages import their own modules relatively, so only the `from <package> import` lines change."""
+    work = copied(tmp_path, "per_dqn", buffers="zoo_buffers", envs="zoo_envs", harness="zoo_harness")
+    changed = [p.name for p in (work / "zoo_harness").glob("*.py") if "zoo_envs" in p.read_text()]
+    assert sorted(changed) == ["args.py", "run.py"]  # the README names these two
+    for name in ("buffers", "envs", "harness"):  # the research code's own packages of those names, in the way
         (work / name).mkdir()
         (work / name / "__init__.py").write_text("raise ImportError('the research code's own package')\n")
     out = run_copy(work, "per_dqn")

@@ -13,7 +13,8 @@ import pytest
 import torch
 import yaml
 
-from tests.algo_utils import ROOT, load_algo, run_dir_of, tiny_args
+from harness import stacked
+from tests.algo_utils import ROOT, load_algo, parse, run_dir_of, tiny_args
 
 dqn = load_algo("dqn")
 
@@ -29,9 +30,9 @@ def test_help_lists_arguments_with_their_help():
 def test_yaml_gives_defaults_and_flags_override_it(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("algo: dqn\nlearning_rate: 1e-3\nseed: 5\nenv: Acrobot-v1\nloss: huber\n")
-    args = dqn.parse_args(["--config", str(config), "--seed", "7"])
+    args = parse(dqn, ["--config", str(config), "--seed", "7"])
     assert (args.learning_rate, args.seed, args.env, args.loss) == (1e-3, 7, "Acrobot-v1", "huber")
-    args = dqn.parse_args(["--env", "MountainCar-v0", f"--config={config}"])
+    args = parse(dqn, ["--env", "MountainCar-v0", f"--config={config}"])
     assert args.env == "MountainCar-v0" and args.seed == 5 and args.config == str(config)
 
 
@@ -39,8 +40,10 @@ def test_yaml_gives_defaults_and_flags_override_it(tmp_path):
     "text, message",
     [
         ("learning_rat: 0.1\n", r"bad\.yaml: unknown key 'learning_rat' \(closest: learning_rate"),
-        ("batch_size: abc\n", r"--batch-size: invalid literal for int"),
-        ("loss: l1\n", r"--loss"),
+        ("batch_size: abc\n", r"bad\.yaml: batch_size must be an int, got 'abc'"),
+        ("batch_size: 6.5\n", r"bad\.yaml: batch_size must be an int, got 6\.5"),
+        ("loss: l1\n", r"bad\.yaml: loss must be one of 'mse', 'huber', got 'l1'"),
+        ("anneal_lr: 1\n", r"anneal_lr must be a bool"),
         ("- 1\n- 2\n", r"must be a mapping"),
         ("algo: per_dqn\n", r"is for algos/per_dqn.py, not dqn.py"),
     ],
@@ -51,7 +54,7 @@ def test_bad_config_is_a_clear_error(tmp_path, capsys, text, message):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
     with pytest.raises(SystemExit) as error:
-        dqn.parse_args(["--config", str(config)])
+        parse(dqn, ["--config", str(config)])
     assert re.search(message, f"{error.value} {capsys.readouterr().err}"), capsys.readouterr().err
 
 
@@ -131,14 +134,13 @@ def test_cartpole_smoke_run_leaves_a_complete_run_directory(tmp_path, monkeypatc
     # The saved weights rebuild the network a user would construct from the env's spaces.
 
     env = gym.make("CartPole-v1")
-    network = partial(dqn.QNetwork, env.observation_space, env.action_space)
-    net = dqn.stacked(network, [args.seed])  # one seed: a seed dimension of 1
+    net = dqn.QNetwork(env.observation_space, env.action_space)  # the plain network, as a user builds it
     net.load_state_dict(torch.load(run / "model.pt", weights_only=True))
-    assert net(torch.zeros(1, 3, 4)).shape == (1, 3, 2)
+    assert net(torch.zeros(3, 4)).shape == (3, 2)
     trained = networks[0].state_dict()  # model.pt holds the trained network's final weights
     assert all(torch.equal(value, trained[key]) for key, value in net.state_dict().items())
-    initial = dqn.stacked(network, [args.seed])  # initialised as main initialises it
-    assert not torch.equal(net.net[0].weight, initial.net[0].weight)  # which training changed
+    initial = stacked(partial(dqn.QNetwork, env.observation_space, env.action_space), [args.seed])  # as main does
+    assert not torch.equal(net.net[1].weight, initial.net[1].weight)  # which training changed
 
 
 @pytest.mark.slow
@@ -194,11 +196,11 @@ def test_td_target_bootstraps_except_after_termination():
     from tensordict import TensorDict
 
     env = gym.make("CartPole-v1")
-    net = dqn.stacked(partial(dqn.QNetwork, env.observation_space, env.action_space), [0])  # one seed
-    next_obs = torch.randn(1, 4, 4)
-    batch = TensorDict(reward=torch.tensor([[1.0, 2.0, 3.0, 4.0]]), next_obs=next_obs,
-                       terminated=torch.tensor([[False, True, False, True]]), batch_size=[1, 4])
+    net = dqn.QNetwork(env.observation_space, env.action_space)
+    next_obs = torch.randn(4, 4)
+    batch = TensorDict(reward=torch.tensor([1.0, 2.0, 3.0, 4.0]), next_obs=next_obs,
+                       terminated=torch.tensor([False, True, False, True]), batch_size=[4])
     with torch.no_grad():
-        best = net(next_obs).max(dim=-1).values[0]
-        target = dqn.td_target(net, batch, 0.9)[0]
+        best = net(next_obs).max(dim=-1).values
+        target = dqn.td_target(net, batch, 0.9)
     assert torch.allclose(target, torch.tensor([1 + 0.9 * best[0], 2.0, 3 + 0.9 * best[2], 4.0]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.algo_utils import ROOT, load_algo, tiny_args
+from tests.algo_utils import ROOT, load_algo, parse, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
 
@@ -31,7 +31,7 @@ def trained(name: str, **changes) -> Path:
 
 def evaluate(name: str, run_dir: Path, *more: str) -> dict:
     algo = ALGOS[name]
-    return algo.main(algo.parse_args(["--evaluate", str(run_dir), *more]))
+    return algo.main(parse(algo, ["--evaluate", str(run_dir), *more]))
 
 
 def files(run_dir: Path) -> dict[str, str]:
@@ -78,7 +78,7 @@ def test_a_run_of_another_algorithm_and_other_flags_are_refused(tmp_path):
     for name, argv, message in [
         ("per_dqn", ["--evaluate", str(run)], "is a run of algos/dqn.py, not per_dqn.py"),
         ("ddpg", ["--evaluate", str(run)], "is a run of algos/dqn.py, not ddpg.py"),
-        ("dqn", ["--evaluate", str(run), "--learning-rate", "0.1"], "--evaluate takes only"),
+        ("dqn", ["--evaluate", str(run), "--learning-rate", "0.1"], "--evaluate evaluates a run with its own settings"),
         ("dqn", ["--evaluate", str(tmp_path / "nothing")], "cannot read the run's arguments"),
     ]:
         out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{name}.py"), *argv], capture_output=True,
@@ -104,7 +104,7 @@ def test_an_atari_video_shows_the_game_in_colour():
     """A Pong run evaluated with --capture-video: the video is the game at the emulator's 210x160, in colour."""
     imageio = pytest.importorskip("imageio.v2")
     algo = ALGOS["dqn"]
-    args = algo.parse_args(["--env", "PongNoFrameskip-v4", "--total-timesteps", "200", "--learning-starts", "100",
+    args = parse(algo, ["--env", "PongNoFrameskip-v4", "--total-timesteps", "200", "--learning-starts", "100",
                             "--buffer-size", "1000", "--eval-episodes", "1", "--eval-frequency", "0",
                             "--checkpoint-frequency", "0", "--no-cuda", "--run-name", "pong", "--save-model"])
     algo.main(args)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,10 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict, TensorDictBase
 
+import harness.run
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
 from envs import TransitionRecorder, env_seeds
+from harness import crossed
 from tests import probe_env
-from tests.algo_utils import ROOT, load_algo, run_dir_of, tiny_args
+from tests.algo_utils import ROOT, load_algo, parse, run_dir_of, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
 DQNS = ["dqn", "per_dqn", "nstep_dqn"]
@@ -122,7 +123,7 @@ def preferring(algo):
 
     class Prefers(algo.QNetwork):
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            return F.one_hot(obs[..., 2].long() % 2, 2).float()  # [seeds, batch, 2]
+            return F.one_hot(obs[..., 2].long() % 2, 2).float()  # [batch, 2]
 
     return Prefers
 
@@ -142,9 +143,8 @@ def test_crossed_over_any_step_increments_counts_each_multiple_once(every, start
     """Summed over the loop's steps, crossed() fires once per multiple of `every` in the range (none for 0),
     whatever the increments (num_envs, resumed counters): a periodic event is never skipped nor doubled."""
     steps = np.cumsum([start, *increments]).tolist()
-    for algo in ALGOS.values():
-        fired = sum(algo.crossed(every, a, b) for a, b in zip(steps[:-1], steps[1:], strict=True))
-        assert fired == (multiples(every, steps[0], steps[-1]) if every else 0)
+    fired = sum(crossed(every, a, b) for a, b in zip(steps[:-1], steps[1:], strict=True))
+    assert fired == (multiples(every, steps[0], steps[-1]) if every else 0)
 
 
 # ---- lambda_returns, the DDPG critic's target -----------------------------------------------------------
@@ -319,12 +319,12 @@ def test_td_loss_by_hand(name, loss, expected):
     batch = TensorDict(obs=torch.arange(4.0).unsqueeze(1), next_obs=torch.arange(4.0).unsqueeze(1),
                        action=torch.tensor([0, 1, 0, 1]), reward=torch.tensor([1.0, -2.5, 0.5, -1.2]),
                        terminated=terminated, discount=torch.where(terminated, 0.0, 0.5), weight=torch.ones(4),
-                       batch_size=[4]).unsqueeze(0)  # one seed; targets: 3, -2.5, 0.5, -0.2
+                       batch_size=[4])  # targets: 3, -2.5, 0.5, -0.2
     out = algo.q_loss(online, target, batch, dataclasses.replace(algo.Args(), loss=loss, gamma=0.5))
-    assert out[0].shape == (1,) and out[0].item() == pytest.approx(expected, rel=1e-6)  # one loss per seed
-    assert torch.equal(out[1], torch.tensor([[6.0, -5.0, 0.25, 0.3]]))
+    assert out[0].shape == () and out[0].item() == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(out[1], torch.tensor([6.0, -5.0, 0.25, 0.3]))
     if name == "per_dqn":
-        torch.testing.assert_close(out[2], torch.tensor([[3.0, -2.5, -0.25, 0.5]]))
+        torch.testing.assert_close(out[2], torch.tensor([3.0, -2.5, -0.25, 0.5]))
 
 
 @pytest.mark.parametrize("name", DQNS)
@@ -334,12 +334,12 @@ def test_gradients_are_clipped_before_each_optimizer_step(monkeypatch, name):
     given another norm or other parameters."""
     clips, seen = [], []
     algo = ALGOS[name]
-    clip_grad_norm_ = algo.clip_grad_norm_per_seed  # one seed here: the seed's norm is the norm of it all
+    clip_grad_norm_ = algo.clip_grad_norm
     step = torch.optim.Adam.step
 
     def clip_spy(parameters, max_norm, *args, **kwargs):
         total = clip_grad_norm_(parameters, max_norm, *args, **kwargs)
-        clips.append((max_norm, float(total.squeeze(0))))
+        clips.append((max_norm, float(total)))
         return total
 
     def step_spy(self, *args, **kwargs):
@@ -347,7 +347,7 @@ def test_gradients_are_clipped_before_each_optimizer_step(monkeypatch, name):
         seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
         return step(self, *args, **kwargs)
 
-    monkeypatch.setattr(algo, "clip_grad_norm_per_seed", clip_spy)
+    monkeypatch.setattr(algo, "clip_grad_norm", clip_spy)
     monkeypatch.setattr(torch.optim.Adam, "step", step_spy)
     summary = ALGOS[name].main(args_for(name, max_grad_norm=0.05, total_timesteps=200))
     assert len(clips) == len(seen) == summary["updates"] > 0
@@ -365,7 +365,7 @@ def test_atari_rewards_are_clipped_for_training(monkeypatch, name):
     loop stores carry the reward's sign, not the score. Fails if the loop records Atari rewards unclipped."""
     algo = ALGOS[name]
     steps = spy_steps(monkeypatch)
-    monkeypatch.setattr(algo, "evaluate", lambda *args, **kwargs: [0.0])  # evaluation is not under test here
+    monkeypatch.setattr(harness.run, "evaluate", lambda *args, **kwargs: [[0.0]])  # not under test here
     algo.main(args_for(name, env="SpaceInvadersNoFrameskip-v4", num_envs=2, total_timesteps=300,
                        learning_starts=300, buffer_size=400, end_e=1.0))  # random play: it scores early
     raw = np.stack([s.reward for s in steps])
@@ -399,16 +399,16 @@ def test_per_writes_back_the_abs_td_errors_of_the_sampled_batch(monkeypatch):
     monkeypatch.setattr(per_dqn, "PrioritizedReplayBuffer", Recorded)
     summary = per_dqn.main(args_for("per_dqn", n_step=3, gamma=0.9, total_timesteps=300,
                                     target_network_frequency=10))
-    online, target = (per_dqn.stacked(partial(QNetwork, probe_env.ProbeEnv.observation_space,
-                                              probe_env.ProbeEnv.action_space), [0]) for _ in range(2))
+    online, target = (QNetwork(probe_env.ProbeEnv.observation_space, probe_env.ProbeEnv.action_space)
+                      for _ in range(2))
     assert len(records) == summary["updates"] > 0
     for record in records:
         batch = record["batch"]
         torch.nn.utils.vector_to_parameters(record["online"], online.parameters())
         torch.nn.utils.vector_to_parameters(record["target"], target.parameters())
         with torch.no_grad():
-            q = online(batch["obs"][None])[0][torch.arange(len(batch)), batch["action"].long()]
-            best = target(batch["next_obs"][None])[0].max(dim=1).values
+            q = online(batch["obs"])[torch.arange(len(batch)), batch["action"].long()]
+            best = target(batch["next_obs"]).max(dim=1).values
         assert torch.equal(record["index"], batch["index"])
         torch.testing.assert_close(record["priority"], (q - batch["reward"] - batch["discount"] * best).abs(),
                                    rtol=1e-5, atol=1e-5)
@@ -465,16 +465,16 @@ def test_stored_transitions_fold_n_steps(monkeypatch, name):
 # ---- evaluation ------------------------------------------------------------------------------------------
 
 
-def spy_evaluations(monkeypatch, algo, steps, num_envs) -> list[int]:
-    """The step counter at every call of algo.evaluate (the real one runs)."""
+def spy_evaluations(monkeypatch, steps, num_envs) -> list[int]:
+    """The step counter at every evaluation the run makes (envs.evaluate, called by harness/run.py; it runs)."""
     at = []
-    evaluate = algo.evaluate
+    evaluate = harness.run.evaluate
 
     def spy(*args, **kwargs):
         at.append(len(steps) * num_envs)
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(algo, "evaluate", spy)
+    monkeypatch.setattr(harness.run, "evaluate", spy)
     return at
 
 
@@ -487,7 +487,7 @@ def test_evaluations_at_multiples_of_eval_frequency(monkeypatch, tmp_path, name,
     repeats the last periodic one."""
     algo = ALGOS[name]
     steps = spy_steps(monkeypatch)
-    at = spy_evaluations(monkeypatch, algo, steps, 3)
+    at = spy_evaluations(monkeypatch, steps, 3)
     args = args_for(name, num_envs=3, eval_frequency=100, total_timesteps=total)
     summary = algo.main(args)
     periodic = [step for previous, step in vector_steps(total, 3) if multiples(100, previous, step)]
@@ -504,7 +504,7 @@ def test_an_evaluation_reaching_stop_return_ends_training(monkeypatch, name):
     evaluation plays the same episodes again."""
     algo = ALGOS[name]
     steps = spy_steps(monkeypatch)
-    at = spy_evaluations(monkeypatch, algo, steps, 3)
+    at = spy_evaluations(monkeypatch, steps, 3)
     summary = algo.main(args_for(name, num_envs=3, eval_frequency=100, stop_return=-1e9, total_timesteps=300))
     assert summary["global_step"] == 102 and at == [102] and len(steps) == 34 and summary["eval_episodes"] == 1
 
@@ -592,7 +592,7 @@ def ddpg_actions(monkeypatch, **changes) -> tuple[list[SimpleNamespace], list[np
     def spy(self, obs):
         out = forward(self, obs)
         if self is actors[0] and not torch.is_grad_enabled():  # act(): no grad; update_actor: grad
-            outputs.append(out[0].numpy().copy())  # the one seed's row
+            outputs.append(out.numpy().copy())
         return out
 
     monkeypatch.setattr(ddpg.Actor, "forward", spy)
@@ -660,7 +660,7 @@ def test_ddpg_terminations_are_not_bootstrapped(monkeypatch):
         return batch
 
     def loss_spy(q, target, **kwargs):  # the critic's loss (the actor's is a mean, not an mse_loss)
-        targets.append(target[0])  # the one seed's row
+        targets.append(target)
         return mse_loss(q, target, **kwargs)
 
     monkeypatch.setattr(ReplayBuffer, "extend", extend_spy)
@@ -686,9 +686,9 @@ def test_pong_config_is_the_atari_preset(capsys, name):
     the preset in one line and sets each of its values. Fails if the config or the preset drifts, or the
     preset is not applied to Atari ids."""
     algo = ALGOS[name]
-    from_config = algo.parse_args(["--config", str(ROOT / "configs" / name / "pong.yaml")])
+    from_config = parse(algo, ["--config", str(ROOT / "configs" / name / "pong.yaml")])
     assert capsys.readouterr().out == ""  # a config replaces the preset
-    from_preset = algo.parse_args(["--env", "PongNoFrameskip-v4"])
+    from_preset = parse(algo, ["--env", "PongNoFrameskip-v4"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "PongNoFrameskip-v4" in lines[0] and "Atari preset" in lines[0]
     assert {key: getattr(from_preset, key) for key in algo.ATARI_PRESET} == algo.ATARI_PRESET
@@ -700,12 +700,12 @@ def test_flags_and_configs_override_the_atari_preset(tmp_path, capsys, name):
     """A flag changes its own value and keeps the rest of the preset; a --config file replaces the preset."""
     algo = ALGOS[name]
     preset = algo.ATARI_PRESET
-    args = algo.parse_args(["--env", "PongNoFrameskip-v4", "--learning-rate", "0.5"])
+    args = parse(algo, ["--env", "PongNoFrameskip-v4", "--learning-rate", "0.5"])
     assert args.learning_rate == 0.5 and args.batch_size == preset["batch_size"] != algo.Args().batch_size
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"env": "PongNoFrameskip-v4", "learning_rate": 0.25}))
     capsys.readouterr()
-    args = algo.parse_args(["--config", str(config)])
+    args = parse(algo, ["--config", str(config)])
     assert args.learning_rate == 0.25 and args.batch_size == algo.Args().batch_size
     assert "preset" not in capsys.readouterr().out
 
@@ -715,8 +715,8 @@ def test_the_defaults_are_the_learning_tested_config(name, config):
     """`python algos/<algo>.py` with no flags runs its CartPole (DDPG: Pendulum) config, the one the learning
     tests and benchmarks/results.md measure. Fails if a default drifts from the config."""
     algo = ALGOS[name]
-    defaults = algo.parse_args([])
-    from_config = algo.parse_args(["--config", str(ROOT / "configs" / name / f"{config}.yaml")])
+    defaults = parse(algo, [])
+    from_config = parse(algo, ["--config", str(ROOT / "configs" / name / f"{config}.yaml")])
     assert dataclasses.replace(from_config, config=None) == defaults
 
 

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 import torch
 
+import harness.run
 from buffers import PrioritizedReplayBuffer
-from tests.algo_utils import load_algo, tiny_args
+from tests.algo_utils import load_algo, parse, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
 DQNS = ["dqn", "per_dqn", "nstep_dqn"]
@@ -39,7 +40,7 @@ def args_for(name: str, **changes):
 
 def resume(name: str, run_dir: Path | str, *more: str) -> dict:
     algo = ALGOS[name]
-    return algo.main(algo.parse_args(["--resume", str(run_dir), *more]))
+    return algo.main(parse(algo, ["--resume", str(run_dir), *more]))
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -65,10 +66,10 @@ def hashes(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-def sigterm_at_evaluation(monkeypatch, algo, calls: set[int]) -> list[int]:
+def sigterm_at_evaluation(monkeypatch, calls: set[int]) -> list[int]:
     """Make the evaluations numbered in `calls` (from 1) receive a SIGTERM as they start; returns the call count."""
     count = [0]
-    evaluate = algo.evaluate
+    evaluate = harness.run.evaluate
 
     def spy(*args, **kwargs):
         count[0] += 1
@@ -77,7 +78,7 @@ def sigterm_at_evaluation(monkeypatch, algo, calls: set[int]) -> list[int]:
             time.sleep(0.01)
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(algo, "evaluate", spy)
+    monkeypatch.setattr(harness.run, "evaluate", spy)
     return count
 
 
@@ -88,7 +89,7 @@ def test_resuming_a_copy_continues_the_copy_and_leaves_the_original_alone(tmp_pa
     """`cp -r runs/r1 runs/r1copy`, then --resume runs/r1copy with more steps: the copy goes on (its config.yaml
     names it), the original's files are byte for byte what they were. Fails if the run directory comes from the
     checkpoint's run_name."""
-    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300))
+    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300, anneal_lr=False))
     original = tmp_path / "runs" / "r1"
     before = hashes(original)
     shutil.copytree(original, tmp_path / "runs" / "r1copy")
@@ -105,7 +106,7 @@ def test_resuming_from_another_working_directory_writes_only_there(tmp_path, mon
     writes nothing into ./runs. Fails if the directory is ./runs/<run_name>."""
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300))
+    ALGOS["dqn"].main(args_for("dqn", run_name="r1", total_timesteps=300, checkpoint_frequency=300, anneal_lr=False))
     run = tmp_path / "elsewhere" / "runs" / "r1"
     length = len(records(run))
     (tmp_path / "work").mkdir()
@@ -131,7 +132,7 @@ def test_a_sigterm_during_an_evaluation_leaves_it_due_for_the_resumed_run(monkey
     algo = ALGOS[name]
     changes = dict(total_timesteps=400, eval_frequency=100, learning_starts=50)
     algo.main(args_for(name, run_name="alone", **changes))
-    sigterm_at_evaluation(monkeypatch, algo, interrupted)
+    sigterm_at_evaluation(monkeypatch, interrupted)
     summary = algo.main(args_for(name, run_name="stopped", **changes))
     assert summary["interrupted"] and summary["eval_returns"] == []
     while summary["interrupted"]:
@@ -150,7 +151,7 @@ def test_stop_return_acts_the_same_across_a_resume(monkeypatch, tmp_path, name):
     algo = ALGOS[name]
     changes = dict(total_timesteps=400, eval_frequency=100, learning_starts=50, stop_return=-1e9)
     alone = algo.main(args_for(name, run_name="alone", **changes))
-    sigterm_at_evaluation(monkeypatch, algo, {1})
+    sigterm_at_evaluation(monkeypatch, {1})
     algo.main(args_for(name, run_name="stopped", **changes))
     resumed = resume(name, tmp_path / "runs" / "stopped")
     assert alone["global_step"] == resumed["global_step"] == 100
@@ -213,6 +214,20 @@ def test_extending_a_run_continues_every_schedule_without_a_jump(monkeypatch, tm
     assert first["global_step"] == stop_at
     before = len(seen)
     monkeypatch.setattr(algo.TransitionRecorder, "record", record)
+    if stop_at == 600:  # its learning rate reached 0: training on would not learn, so it is refused
+        files = hashes(tmp_path / "runs" / "r")
+        with pytest.raises(SystemExit, match="annealed its learning rate to 0 at step 600"):
+            resume(name, tmp_path / "runs" / "r", "--total-timesteps", "1800")
+        assert hashes(tmp_path / "runs" / "r") == files
+        # the same run without annealing extends
+        changes["anneal_lr"] = False
+        seen.clear()
+        algo.main(args_for(name, run_name="r2", **changes))
+        before = len(seen)
+        resume(name, tmp_path / "runs" / "r2", "--total-timesteps", "1800")
+        lr = np.array([s.lr for s in seen])
+        assert len(lr) == 1700 and np.allclose(lr, 1e-3, rtol=1e-6)
+        return
     resume(name, tmp_path / "runs" / "r", "--total-timesteps", "1800")
     steps = np.arange(101, 1801)  # the step counter at each update, one update per step after learning_starts
     assert len(seen) == len(steps)
@@ -250,25 +265,45 @@ def test_a_total_below_the_step_reached_is_refused(tmp_path):
 # ---- W&B ---------------------------------------------------------------------------------------------------
 
 
-class FakeWandbRun:
-    def __init__(self, **kwargs):
-        self.kwargs, self.id, self.logged, self.summary = kwargs, "run-id-1", [], {}
+def wandb_steps(run_dir: Path) -> dict[str, list[list[int]]]:
+    """The steps of every history record in a run directory's offline W&B files, per W&B run id, one list per
+    file (a resumed run adds a file). Read from the files themselves: LevelDB-style log records (32 KiB blocks,
+    7-byte headers) of wandb's protobuf Records, after a 7-byte file header."""
+    import struct
 
-    def log(self, record, step):
-        self.logged.append(step)
+    from wandb.proto import wandb_internal_pb2
 
-    def finish(self):
-        pass
+    found: dict[str, list[list[int]]] = {}
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, chunks, steps = path.read_bytes(), 7, b"", []
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+            if left < 7 or length == kind == 0:  # the zero padding at a block's end
+                pos += left
+                continue
+            chunks, pos = chunks + data[pos + 7 : pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(chunks)
+                chunks = b""
+                items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                if record.WhichOneof("record_type") == "history" and "_step" in items:
+                    steps.append(int(items["_step"]))
+        found.setdefault(path.stem.removeprefix("run-"), []).append(steps)
+    return found
 
 
-def test_a_resumed_wandb_run_is_rewound_to_the_checkpoint(monkeypatch, tmp_path):
-    """--track: the first start makes a new W&B run; --resume rewinds that run to the checkpoint's step with
-    resume_from="<id>?_step=<step>", so that W&B history equals metrics.jsonl (W&B drops steps lower than the last
-    it saw otherwise). Fails if the resumed run uses resume="must" or no rewind."""
-    import wandb
-
-    started = []
-    monkeypatch.setattr(wandb, "init", lambda **kwargs: started.append(FakeWandbRun(**kwargs)) or started[-1])
+@pytest.mark.slow  # W&B's service starts twice
+def test_a_resumed_wandb_run_continues_with_each_step_once(monkeypatch, tmp_path):
+    """--track, SIGTERM at step 250 (after the last checkpoint, at 200), --resume: offline, with the real wandb,
+    the resumed W&B run has the first run's id and its records start after the last step the first one logged
+    (the first run's last record, between 200 and 250), so the run's history (both offline files) holds each step
+    once, the steps of metrics.jsonl, and ends at the final step. Fails if the resumed run starts a new W&B run,
+    logs the steps between the checkpoint and the stop again, or needs W&B's run rewind (resume_from)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "300")
     count = [0]
     record = ALGOS["dqn"].TransitionRecorder.record
 
@@ -279,13 +314,24 @@ def test_a_resumed_wandb_run_is_rewound_to_the_checkpoint(monkeypatch, tmp_path)
         return record(self, *args)
 
     monkeypatch.setattr(ALGOS["dqn"].TransitionRecorder, "record", stop)
-    ALGOS["dqn"].main(args_for("dqn", run_name="r", track=True, total_timesteps=400, checkpoint_frequency=100))
+    changes = dict(run_name="r", track=True, total_timesteps=400, checkpoint_frequency=200, eval_frequency=100)
+    assert ALGOS["dqn"].main(args_for("dqn", **changes))["interrupted"]
     monkeypatch.setattr(ALGOS["dqn"].TransitionRecorder, "record", record)
     resume("dqn", tmp_path / "runs" / "r")
-    first, second = started
-    assert "resume_from" not in first.kwargs and "resume" not in first.kwargs
-    assert second.kwargs["resume_from"] == "run-id-1?_step=250" and "resume" not in second.kwargs
-    assert min(second.logged) >= 250 and max(first.logged) <= 250
+    deadline = time.monotonic() + 60  # wandb-core may write the last records a moment after finish()
+    while True:
+        runs = wandb_steps(tmp_path / "runs" / "r")
+        files = next(iter(runs.values())) if len(runs) == 1 else []
+        if (len(files) == 2 and files[1] and files[1][-1] == 400) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(runs) == 1 and len(files) == 2, runs  # one W&B run, written by two processes
+    first, second = files
+    assert 200 < first[-1] <= 250 and min(second) > first[-1] and second[-1] == 400
+    steps = first + second
+    assert steps == sorted(set(steps))  # each step once, in order
+    logged = [r["global_step"] for r in records(tmp_path / "runs" / "r")]
+    assert logged == sorted(logged) and sorted(set(logged)) == steps  # the same steps as metrics.jsonl
 
 
 # ---- small guards ------------------------------------------------------------------------------------------
@@ -313,7 +359,7 @@ def test_the_cnn_is_for_uint8_images_only(name):
     pixels = algo.QNetwork(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), actions)
     assert not floats.image and not any(isinstance(m, torch.nn.Conv2d) for m in floats.modules())
     assert pixels.image and any(isinstance(m, torch.nn.Conv2d) for m in pixels.modules())
-    assert floats(torch.randn(1, 7, 2, 5, 5)).shape == (1, 7, 3)  # [seeds, batch, ...]
+    assert floats(torch.randn(7, 2, 5, 5)).shape == (7, 3)
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
@@ -328,10 +374,11 @@ def test_checkpoints_are_synced_before_and_after_the_rename(monkeypatch, name):
     ALGOS[name].main(args_for(name, run_name="r", total_timesteps=200, checkpoint_frequency=200))
     run = str(Path("runs/r").resolve())
     renames = [i for i, c in enumerate(calls) if c[0] == "rename"]
-    assert len(renames) == 2  # at step 200, then after the final evaluation
+    written = [calls[i][1].removeprefix(run + "/") for i in renames]
+    # checkpoints at step 200 and after the final evaluation; config.yaml, model.pt and summary.json the same way
+    assert written == ["config.yaml", "checkpoint.pt", "checkpoint.pt", "model.pt", "summary.json"]
     for i in renames:
-        assert calls[i] == ("rename", run + "/checkpoint.pt")
-        assert calls[i - 1] == ("fsync", run + "/checkpoint.tmp") and calls[i + 1] == ("fsync", run)
+        assert calls[i - 1] == ("fsync", calls[i][1] + ".tmp") and calls[i + 1] == ("fsync", run)
 
 
 @pytest.mark.parametrize("name", ["dqn", "ddpg"])
@@ -339,13 +386,13 @@ def test_train_sps_counts_the_training_loop_only(monkeypatch, name):
     """A final evaluation that takes 1 s does not lower train_sps: it is the loop's steps over the loop's time.
     Fails if train_sps is measured to the end of the run (final evaluation and checkpoint included)."""
     algo = ALGOS[name]
-    evaluate = algo.evaluate
+    evaluate = harness.run.evaluate
 
     def slow(*args, **kwargs):
         time.sleep(1.0)
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(algo, "evaluate", slow)
+    monkeypatch.setattr(harness.run, "evaluate", slow)
     summary = algo.main(args_for(name, total_timesteps=300, eval_frequency=0))
     # the loop took at most the wall time less the 1 s sleep: steps over it is at least steps over that
     assert summary["train_sps"] * (summary["wall_time_s"] - 1.0) >= summary["global_step"]

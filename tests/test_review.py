@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.algo_utils import load_algo, run_dir_of, tiny_args
+from tests.algo_utils import load_algo, parse, run_dir_of, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn", "ddpg")}
 
@@ -77,7 +77,7 @@ def test_the_atari_preset_trains_a_few_hundred_steps_on_the_cpu(tmp_path, monkey
     stored once, the Nature CNN takes gradient steps. A smoke test: nothing here says Pong learns."""
     monkeypatch.chdir(tmp_path)
     algo = ALGOS[name]
-    args = algo.parse_args(["--env", "PongNoFrameskip-v4", "--total-timesteps", "300", "--learning-starts", "200",
+    args = parse(algo, ["--env", "PongNoFrameskip-v4", "--total-timesteps", "300", "--learning-starts", "200",
                             "--buffer-size", "1000", "--eval-episodes", "1", "--eval-frequency", "0",
                             "--checkpoint-frequency", "0", "--no-cuda", "--run-name", "pong"])
     assert "Atari preset" in capsys.readouterr().out

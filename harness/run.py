@@ -1,0 +1,449 @@
+"""The run around an algorithm's loop: its directory, metrics, W&B, progress bar, evaluations, checkpoints,
+signals, --resume and --evaluate, for one seed or a pack of seeds.
+
+    run = Run(args, extended)                       # checks, run directories, seeds, device
+    env = run.make_env()                            # num_envs per seed; seed i's envs in rows i * num_envs ...
+    q_network = run.networks(make_q_network)        # the plain network; a pack: each seed's, stacked
+    obs, counts = run.start(parts, counts, policy, model=q_network)  # parts: what a checkpoint saves
+    while run.training(counts[0]):
+        ...                                         # collect, store, learn
+        run.episodes(step, finished)                # the episodes that ended, logged per seed
+        run.log(step, {"losses/td_loss": loss})     # a value, or one per seed
+        run.end_of_step(previous, step, obs, counts)  # the progress line, evaluations and checkpoints that fall due
+    return run.finish(obs, counts)                  # final evaluation, model.pt, summary.json
+
+A pack (--num-seeds N) is N runs in one process: each seed has its own directory, metrics.jsonl, summary.json,
+model.pt (the plain network's state_dict) and W&B run; the first seed's directory holds the checkpoint of them all.
+SIGTERM or Ctrl-C ends the loop after its step (an evaluation cut short stays due) and writes a checkpoint, so
+--resume goes on bit for bit (Atari: from new games, see envs/state.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import yaml
+from tqdm import tqdm
+
+from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
+
+from .args import algo_of, fail, load_checkpoint
+from .files import read_json, save_atomic, write_atomic, write_json_atomic
+from .seeds import adam, seed_state_dict, stacked
+
+EVAL_SEED_OFFSET = 10_000  # evaluation envs and exploration are seeded apart from training's: seed + 10000
+
+
+def crossed(every: int, previous: int, step: int) -> int:
+    """How many multiples of `every` lie in (previous, step]: the periodic events due at this step (none if 0)."""
+    return step // every - previous // every if every else 0
+
+
+class Run:
+    """One run, or a pack of runs, of an algorithm file; see the module docstring.
+
+    `extended(args, step, total_timesteps)` (the file's) gives the arguments that train on from `step` to a new
+    total when --resume is given a larger --total-timesteps, so that no schedule jumps.
+    """
+
+    def __init__(self, args, extended: Callable | None = None):
+        self.algo = algo_of(type(args))
+        self.extended = extended or (lambda a, _, total: replace(a, total_timesteps=total))
+        for name in ("total_timesteps", "num_envs", "num_seeds", "threads", "eval_episodes"):
+            if getattr(args, name) < 1:
+                fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        for name in ("eval_frequency", "checkpoint_frequency"):
+            if getattr(args, name) < 0:
+                fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
+        if args.stop_return is not None and args.num_seeds > 1 and not args.evaluate:
+            fail("--stop-return stops a run at its own evaluation, so a pack would train its seeds unlike alone: "
+                 "train the seeds as separate runs (--num-seeds 1) to use it")
+        args = replace(args, exp_name=args.exp_name or self.algo)
+        self.resumed = load_checkpoint(args.resume, self.algo) if args.resume and not args.evaluate else None
+        if args.evaluate:
+            self.dir = Path(args.evaluate)
+            args, self.dirs = replace(args, num_seeds=1), [self.dir]  # a run directory holds one seed's networks
+        elif self.resumed is not None:
+            args, self.dirs = self._resumed(args)
+        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name ({seed} in it, or __<seed> after it, names each seed)
+            stamp, seeds = int(time.time()), range(args.seed, args.seed + args.num_seeds)
+            names = [f"{args.env.replace('/', '-')}__{args.exp_name}__{seed}__{stamp}" for seed in seeds]
+            if args.run_name:
+                name = args.run_name if "{seed}" in args.run_name or args.num_seeds == 1 else args.run_name + "__{seed}"
+                names = [name.replace("{seed}", str(seed)) for seed in seeds]
+            args = replace(args, run_name=args.run_name or names[0])
+            self.dirs = [Path("runs") / name for name in names]
+            for directory in self.dirs:
+                if directory.exists():
+                    fail(f"run directory {directory} already exists; pick another --run-name or remove it")
+        self.dir = self.dirs[0]
+        self.args, self.seeds = args, list(range(args.seed, args.seed + args.num_seeds))
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = True
+        torch.set_num_threads(args.threads)
+        self.device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+        self.signal, self.reached, self.wandb = None, False, None
+        self.due, self.last, self.recent, self.parts = None, None, [], {}
+
+    def _resumed(self, args):
+        """The arguments and directories of a resumed run: the run goes on in the directory named, wherever it is;
+        a pack's other seeds in the directories beside it, which must be the pack's own (a renamed or partial copy
+        would write into another run's files)."""
+        here, names, step = Path(args.resume), self.resumed["dirs"], self.resumed["counts"][0]
+        if len(names) > 1:
+            if here.name != names[0]:
+                fail(f"{here} holds the checkpoint of a pack of {len(names)} seeds saved in {names[0]}: resume it "
+                     f"under that name, in a copy of the pack's whole folder (its directories keep their names)")
+            missing = [name for name in names[1:] if not (here.parent / name / "config.yaml").is_file()]
+            if missing:
+                fail(f"cannot resume the pack in {here}: the directories of its other seeds ({', '.join(missing)}) "
+                     f"are not beside it in {here.parent}; copy the pack's directories together")
+        saved, total = self.resumed["args"]["total_timesteps"], args.total_timesteps
+        args = replace(args, run_name=here.name)
+        if total < step:
+            fail(f"--total-timesteps {total} is below the step the run reached, {step}")
+        if total != saved:  # train longer: schedules go on from here (see the file's `extended`)
+            args = self.extended(replace(args, total_timesteps=saved), step, total)
+        return args, [here] + [here.parent / name for name in names[1:]]
+
+    # ---- what the algorithm builds through the run ------------------------------------------------------------
+
+    def make_env(self) -> gym.vector.VectorEnv:
+        """The training envs, num_envs per seed; a bad id, or a video that could not be written, is refused before
+        anything starts."""
+        try:
+            if self.args.capture_video:
+                check_video(self.args.env)
+            return make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
+        except (ValueError, RuntimeError, ImportError) as e:
+            fail(str(e))
+
+    def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension."""
+        return stacked(make, self.seeds)
+
+    def adam(self, parameters, **kwargs) -> torch.optim.Adam:
+        """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam)."""
+        return adam(parameters, len(self.seeds), **kwargs)
+
+    def generators(self) -> list[np.random.Generator]:
+        """A NumPy generator per seed, seeded with it (exploration: each seed draws from its own)."""
+        return [np.random.default_rng(seed) for seed in self.seeds]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of all seeds' envs [seeds * n, ...] as [seeds, n, ...] for a pack's networks; one seed: x."""
+        return x if len(self.seeds) == 1 else x.view(len(self.seeds), -1, *x.shape[1:])
+
+    def compiled(self, update: Callable) -> Callable:
+        """The update, wrapped by torch.compile (--compile) and replayed as a CUDA graph (--cudagraphs)."""
+        if self.args.compile:
+            update = torch.compile(update)
+        if self.args.cudagraphs and self.device.type == "cuda":
+            from tensordict.nn import CudaGraphModule
+
+            update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        return update
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+
+    def start(self, parts: dict, counts: tuple, policy: Callable, model: dict[str, nn.Module]):
+        """Reset the envs, open the run directories; return the loop's (obs, counts), as given or as the checkpoint
+        left them (every part restored; an evaluation it left due run first).
+
+        parts: what a checkpoint saves (state_dict / load_state_dict, the env, lists of NumPy generators);
+        counts: the loop's counters, counts[0] the step; policy(obs, rngs) -> actions: the evaluation policy for
+        all seeds' rows, rngs[i] seed i's generator for that evaluation; model: the networks model.pt holds, by
+        their names in `parts` (one network: model.pt is its state_dict, several: a state_dict per name)."""
+        self.parts, self.policy, self.model = parts, policy, model
+        env, state = parts["env"], self.resumed
+        obs, _ = env.reset(seed=env_seeds(self.seeds, self.args.num_envs))
+        if self.args.evaluate:
+            self._load_model()
+            return obs, counts
+        if state is not None:
+            obs, counts = self._restore(state)
+        configs = [asdict(self.args) | {"seed": seed, "run_name": path.name}
+                   for seed, path in zip(self.seeds, self.dirs, strict=True)]
+        self.metrics, sizes, logged = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
+        for config, path, size in zip(configs, self.dirs, sizes, strict=True):
+            path.mkdir(parents=True, exist_ok=True)
+            write_atomic(path / "config.yaml", lambda f, c=config: f.write(
+                yaml.safe_dump({"algo": self.algo, **c}, sort_keys=False).encode()))
+            logged.append(last_step(path / "metrics.jsonl"))  # what W&B saw before a resume
+            self.metrics.append(open(path / "metrics.jsonl", "a", buffering=1))  # noqa: SIM115 (closed in finish)
+            self.metrics[-1].truncate(size)  # drop what came after the checkpoint
+        if self.args.track:
+            self._start_wandb(configs, state["wandb_ids"] if state else None, counts[0], logged)
+        pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
+        print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, settings in "
+              f"{self.dir / 'config.yaml'}")
+        self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
+                        disable=not sys.stderr.isatty())
+        self.handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.start_time, self.start_step, self.eval_time = time.time(), counts[0], 0.0
+        if self.due is not None:
+            self.evaluate(self.due)
+        return obs, counts
+
+    def _restore(self, state: dict) -> tuple[np.ndarray, tuple]:
+        """Every part from the checkpoint; Atari starts new games (see envs/state.py) with no episode statistics
+        or n-step windows of the old ones."""
+        try:
+            games = load_env_state(self.parts["env"], state["env"])
+            for name, part in self.parts.items():
+                if name == "env" or (games is not None and name in ("recorder", "nstep")):
+                    continue
+                if isinstance(part, list):  # a NumPy generator per seed
+                    for generator, generator_state in zip(part, state[name], strict=True):
+                        generator.bit_generator.state = generator_state
+                else:  # the buffer adopts the memory-mapped storage: no second copy
+                    part.load_state_dict(state[name], **({"copy": False} if name == "rb" else {}))
+            generators(state["generators"])
+        except (KeyError, ValueError, RuntimeError) as e:
+            fail(f"cannot resume from {self.dir}: {e}")
+        self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
+        return (state["obs"].numpy() if games is None else games), state["counts"]
+
+    def _start_wandb(self, configs: list[dict], ids: list[str] | None, step: int, logged: list[int | None]) -> None:
+        """A W&B run per seed. A resumed run continues its W&B run: resume="allow" with its id (any account,
+        online or offline), and the records W&B already has (steps up to the last one logged before the stop)
+        are not sent again; --wandb-resume rewind cuts W&B's history back to the checkpoint instead (W&B's run
+        rewind, a preview feature), fork starts a new W&B run from it."""
+        import wandb
+
+        self.wandb, self.wandb_logged = [], [-1] * len(configs)
+        for i, (config, path) in enumerate(zip(configs, self.dirs, strict=True)):
+            how = {}
+            if ids and self.args.wandb_resume == "allow":
+                how, self.wandb_logged[i] = {"id": ids[i], "resume": "allow"}, -1 if logged[i] is None else logged[i]
+            elif ids and self.args.wandb_resume == "rewind":
+                how = {"resume_from": f"{ids[i]}?_step={step}"}
+            elif ids:
+                how = {"fork_from": f"{ids[i]}?_step={step}"}
+            self.wandb.append(wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
+                                         group=self.args.wandb_group, name=path.name, config=config,
+                                         dir=str(path.resolve()),  # absolute: wandb-core resolves from its own cwd
+                                         save_code=True, reinit="create_new", **how))
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def training(self, step: int) -> bool:
+        return step < self.args.total_timesteps and not (self.signal or self.reached or self.args.evaluate)
+
+    def log(self, step: int, metrics: dict, seed: int | None = None) -> None:
+        """A record for each seed: a list gives each seed its entry, a tensor each seed the mean of its rows (a
+        pack's [seeds, ...]), anything else is every seed's; `seed`: for that seed (its row in the pack) alone."""
+        seeds = len(self.dirs)  # a tensor: each seed's mean of its entries (one seed: of them all)
+        metrics = {k: v.detach().float().reshape(seeds, -1).mean(1).tolist() if isinstance(v, torch.Tensor) else v
+                   for k, v in metrics.items()}
+        for i in range(len(self.dirs)) if seed is None else [seed]:
+            record = {"global_step": step, **{k: float(v[i] if isinstance(v, list) else v) for k, v in metrics.items()}}
+            self.metrics[i].write(json.dumps(record) + "\n")
+            if self.wandb is not None and step > self.wandb_logged[i]:
+                self.wandb[i].log(record, step=step)
+
+    def episodes(self, step: int, finished: list[dict], extra: dict | None = None) -> None:
+        """Log the episodes that ended at this step (envs.TransitionRecorder's), each for its seed."""
+        for episode in finished:
+            self.recent = (self.recent + [episode["episodic_return"]])[-20:]
+            self.log(step, {f"charts/{k}": v for k, v in episode.items() if k != "env"} | (extra or {}),
+                     seed=episode["env"] // self.args.num_envs)
+
+    def end_of_step(self, previous: int, step: int, obs: np.ndarray, counts: tuple) -> None:
+        """What falls due between the loop's steps `previous` and `step`: the progress line (every 1000 steps),
+        an evaluation (every eval_frequency: it ends training at --stop-return) and a checkpoint."""
+        if crossed(1000, previous, step):
+            sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
+            self.log(step, {"charts/SPS": sps})
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(SPS=f"{sps:.0f}", recent_return=f"{np.mean(self.recent):.1f}" if self.recent else "-")
+        if crossed(self.args.eval_frequency, previous, step):
+            self.evaluate(step)
+        if crossed(self.args.checkpoint_frequency, previous, step):
+            self.checkpoint(obs, counts)
+
+    def evaluation(self, video_dirs: list[str] | None = None, abort=None) -> list[list[float]]:
+        """Each seed's episodes of its policy, all seeds in one vector env: envs and exploration seeded with
+        seed + 10000, afresh for every evaluation (so --evaluate plays the training's final one again)."""
+        seeds = [seed + EVAL_SEED_OFFSET for seed in self.seeds]
+        rngs = [np.random.default_rng(seed) for seed in seeds]
+        return evaluate(self.args.env, lambda obs: self.policy(obs, rngs), self.args.eval_episodes, seeds,
+                        abort=abort, video_dir=video_dirs)
+
+    def evaluate(self, step: int, video: bool = False) -> None:
+        """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
+        self.due, tick, logged = step, time.time(), self.last is not None and self.last[0] == step
+        try:
+            returns = self.evaluation(video_dirs=[str(path / "videos") for path in self.dirs] if video else None,
+                                      abort=lambda: self.signal is not None)
+        except KeyboardInterrupt:
+            return
+        finally:
+            self.eval_time += time.time() - tick
+        self.due, self.last = None, (step, returns)
+        if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
+            self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
+        self.reached = self.args.stop_return is not None and np.mean(returns[0]) >= self.args.stop_return
+
+    def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
+        """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
+        for metrics in self.metrics:
+            metrics.flush()
+            os.fsync(metrics.fileno())
+        state = {"algo": self.algo, "args": asdict(self.args), "counts": counts, "obs": torch.as_tensor(obs),
+                 "due": self.due, "last": self.last, "recent": self.recent,
+                 "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
+                 "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),
+                 "dirs": [path.name for path in self.dirs]}
+        for name, part in self.parts.items():
+            state[name] = [g.bit_generator.state for g in part] if isinstance(part, list) else \
+                env_state(part) if name == "env" else part.state_dict()
+        save_atomic(state, self.dir / "checkpoint.pt")
+
+    def finish(self, obs: np.ndarray, counts: tuple) -> dict | list[dict]:
+        """The final evaluation, a checkpoint (when stopped or checkpointing), each seed's model.pt, summary.json and
+        closing line; returns the summary (a list of them for a pack). --evaluate: its record."""
+        if self.args.evaluate:
+            return self._reevaluate()
+        args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
+        if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
+            self.evaluate(step, video=args.capture_video)
+        if self.signal is not None or args.checkpoint_frequency:  # after the loop's own at this step, which a kill
+            self.checkpoint(obs, counts)  # during the final evaluation falls back to; this one holds its returns
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        self.parts["env"].close()
+        if self.signal is not None:
+            print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
+        self.bar.close()
+        summaries = []
+        for i, (seed, path) in enumerate(zip(self.seeds, self.dirs, strict=True)):
+            if args.save_model:
+                save_atomic(self._seed_model(i), path / "model.pt")
+            returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
+            std = float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
+            mean, std = (float(np.mean(returns)), std) if returns else (None, None)
+            summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
+                       "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
+                       "eval_returns": returns, "global_step": step, "updates": counts[1],
+                       "interrupted": bool(self.signal), "train_sps": (step - self.start_step) / max(train_time, 1e-9),
+                       "wall_time_s": time.time() - self.start_time, "num_seeds": len(self.seeds),
+                       "pack_dirs": [p.name for p in self.dirs]}
+            write_json_atomic(summary, path / "summary.json")
+            summaries.append(summary)
+            self.metrics[i].close()
+            if self.wandb is not None:
+                video = path / "videos" / "eval-episode-0.mp4"
+                if video.exists():
+                    import wandb
+
+                    self.wandb[i].log({"media/video": wandb.Video(str(video))}, step=step)
+                self.wandb[i].summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
+                self.wandb[i].finish()
+            result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
+            print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {path}")
+        return summaries[0] if len(summaries) == 1 else summaries
+
+    # ---- model.pt and --evaluate ---------------------------------------------------------------------------
+
+    def _seed_model(self, i: int) -> dict:
+        """Seed i's model.pt: the plain network's state_dict (several networks: a state_dict for each name)."""
+        model = {name: seed_state_dict(network, i) for name, network in self.model.items()}
+        return next(iter(model.values())) if len(model) == 1 else model
+
+    def _load_model(self) -> None:
+        """--evaluate: the networks from model.pt, or from the checkpoint when the run saved no model (a pack's
+        seed: its row of the pack's checkpoint, which is in the first seed's directory)."""
+        summary = read_json(self.dir / "summary.json") or {}
+        self.step, model_file = summary.get("global_step"), self.dir / "model.pt"
+        names = summary.get("pack_dirs") or [self.dir.name]
+        holder = self.dir if len(names) == 1 else self.dir.parent / names[0]
+        self.source = "model.pt" if model_file.exists() else "checkpoint.pt"
+        if not model_file.exists() and not (holder / "checkpoint.pt").exists():
+            fail(f"{self.dir} has no model.pt, and no checkpoint.pt holds its networks: nothing to evaluate")
+        try:
+            if model_file.exists():
+                model = torch.load(model_file, weights_only=True)
+                model = {next(iter(self.model)): model} if len(self.model) == 1 else model
+            else:
+                state = load_checkpoint(holder, self.algo)
+                row, self.step = state["dirs"].index(self.dir.name), state["counts"][0]
+                model = {name: state[name] if len(state["dirs"]) == 1 else {
+                    key: value[row].reshape(shape.shape) for (key, value), shape in
+                    zip(state[name].items(), network.state_dict().values(), strict=True)}
+                    for name, network in self.model.items()}
+            for name, network in self.model.items():
+                network.load_state_dict(model[name])
+        except (OSError, KeyError, RuntimeError, ValueError) as e:
+            fail(f"cannot load the networks of {self.dir} from {self.source}: {e}")
+
+    def _reevaluate(self) -> dict:
+        """--evaluate: one record, evaluations/<time>.json (settings and every episode's return), the video beside
+        it; the run directory is otherwise left as it was."""
+        args, start = self.args, time.time()
+        out, stamp = self.dir / "evaluations", f"{start:.3f}"
+        out.mkdir(exist_ok=True)
+        video = out / f"{stamp}-video" if args.capture_video else None
+        returns = self.evaluation(video_dirs=[str(video)] if video else None)[0]
+        mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
+        record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
+                  "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
+                  "returns": returns, "mean": mean, "std": std, "video": None, "time": stamp}
+        if video is not None:  # env 0's first episode: the first return
+            record["video"] = f"{stamp}-episode-0-return-{returns[0]:g}.mp4"
+            os.replace(video / "eval-episode-0.mp4", out / record["video"])
+            video.rmdir()
+        write_json_atomic(record, out / f"{stamp}.json")
+        if args.track:  # into the run's own W&B run
+            import wandb
+
+            ids = [path.name.rsplit("-", 1)[-1] for path in sorted((self.dir / "wandb").glob("*run-*-*"))]
+            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, id=ids[-1] if ids else None,
+                             resume="allow", dir=str(self.dir.resolve()))
+            run.log({"evaluate/return_mean": mean, "evaluate/return_std": std}
+                    | ({"evaluate/video": wandb.Video(str(out / record["video"]))} if video else {}))
+            run.finish()
+        self.parts["env"].close()
+        print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
+              f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
+        return record
+
+
+def last_step(metrics: Path) -> int | None:
+    """The largest global_step in a metrics.jsonl (None if there is none)."""
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return None
+    steps = []
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["global_step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return max(steps, default=None)
+
+
+def generators(state: tuple | None = None) -> tuple:
+    """The global generators' states (Python, legacy NumPy, torch); with `state`, restore them first."""
+    if state is not None:
+        random.setstate(state[0])
+        np.random.set_state((state[1][0], np.array(state[1][1], dtype=np.uint32), *state[1][2:]))
+        torch.set_rng_state(state[2])
+    legacy = np.random.get_state()
+    return random.getstate(), (legacy[0], legacy[1].tolist(), *legacy[2:]), torch.get_rng_state()
