@@ -212,7 +212,10 @@ def summary_in(run_dir: Path) -> dict[str, Any]:
 
 
 def finished(run_dir: Path) -> bool:
-    return (run_dir / "summary.json").is_file() and summary_in(run_dir).get("interrupted") is not True
+    """A run is finished when its summary.json is readable and does not say it was interrupted (an unreadable one,
+    cut short by a kill while it was written, counts as unfinished)."""
+    summary = summary_in(run_dir)
+    return bool(summary) and summary.get("interrupted") is False
 
 
 def resumed_jobs(record: dict[str, Any], runs_dir: Path, total_timesteps: int | None = None) -> list[Job]:
@@ -554,6 +557,10 @@ def launch(args: argparse.Namespace) -> int:
         fail(f"--num-seeds must be >= 1, got {args.num_seeds}")
     if "num_seeds" in config:
         fail(f"config {args.config} sets num_seeds, which run.py sets itself; use --num-seeds")
+    stop = {**config, **{k: yaml_value(v) for k, v in overrides.items()}}.get("stop_return")
+    if args.num_seeds > 1 and (stop is not None or "stop_return" in sweep):
+        fail("--num-seeds packs seeds that stop together, and stop_return stops a run at its own evaluation: "
+             "launch with --num-seeds 1 to use stop_return")
     runs_dir = Path(args.runs_dir).resolve()
     stamp = int(time.time())
     while (runs_dir / f"{args.config.stem}__{stamp}").exists():

@@ -28,11 +28,10 @@ class _SeedLinearProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if weight.shape[1] == 1:  # one output: torch computes nn.Linear as a matrix-vector product, which no
-            # batched product reproduces bit for bit, so one per seed
-            rows = zip(x, weight, bias, strict=True)
-            return torch.stack([torch.addmv(b.expand(len(xs)), xs, w[0]) for xs, w, b in rows]).unsqueeze(-1)
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
+        if _batched(x, weight.mT, bias):
+            return torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
+        rows = zip(x, weight, bias, strict=True)  # each seed's tensors as a lone run allocates them (aligned)
+        return torch.stack([torch.addmm(b.clone(), xs.clone(), w.clone().t()) for xs, w, b in rows])
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -43,8 +42,46 @@ class _SeedLinearProduct(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         # The weight's gradient as grad^T x, the orientation nn.Linear's autograd uses; bmm's own backward
         # computes (x^T grad)^T, which rounds differently.
-        grad_x = grad.bmm(weight) if ctx.needs_input_grad[0] else None
-        return grad_x, grad.mT.bmm(x), grad.sum(1)
+        grad_x = _bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        return grad_x, _bmm(grad.mT, x), grad.sum(1)
+
+
+_BATCHED: dict[tuple, bool] = {}  # (shapes, layouts, dtype, with a bias) -> whether the batched product is exact
+
+
+def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether the batched product a @ b (+ bias) of [seeds, m, k] and [seeds, k, n] matrices gives each seed the bits
+    of its own matrix product, as nn.Linear computes it alone on its own (aligned) tensors. On the CPU that depends
+    on the shapes and on the kernels torch picks (a naive one under 400 multiply-adds, a matrix-vector one for one
+    column, MKL's batched and single products, which round the edges of some shapes, and of rows that do not start
+    on a 64-byte boundary, differently): it is found once per shape and layout by computing both on random
+    matrices laid out as a and b. Otherwise one product per seed. On CUDA, and inside torch.compile, always batched
+    (a seed in a pack is not claimed equal to it alone there)."""
+    if a.device.type != "cpu" or torch.compiler.is_compiling():
+        return True
+    if a.shape[1] * a.shape[2] * b.shape[2] < 400:  # torch's naive kernel, whose order varies with the values
+        return False
+    key = (a.shape[1:], b.shape[1:], a.stride(-1) == 1, b.stride(-1) == 1, a.dtype, bias is not None)
+    if key not in _BATCHED:
+        probe = torch.Generator().manual_seed(0)
+
+        def like(x: torch.Tensor) -> torch.Tensor:  # random [4, rows, cols] with x's layout (row- or column-major)
+            rows, cols = x.shape[1:]
+            shape = (4, rows, cols) if x.stride(-1) == 1 else (4, cols, rows)
+            y = torch.randn(shape, generator=probe, dtype=x.dtype) * torch.logspace(-3, 3, 4).view(4, 1, 1)
+            return y if x.stride(-1) == 1 else y.mT
+
+        pa, pb, pbias = like(a), like(b), torch.randn(4, b.shape[2], generator=probe, dtype=a.dtype)
+        batched = torch.baddbmm(pbias.unsqueeze(1), pa, pb) if bias is not None else pa.bmm(pb)
+        alone = [torch.addmm(pbias[i].clone(), pa[i].clone(), pb[i].clone()) if bias is not None else
+                 pa[i].clone().mm(pb[i].clone()) for i in range(4)]  # clones: a lone run's own allocations
+        _BATCHED[key] = all(torch.equal(batched[i], alone[i]) for i in range(4))
+    return _BATCHED[key]
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b per seed, as each seed's own matrix product would compute it."""
+    return a.bmm(b) if _batched(a, b) else torch.stack([x.clone().mm(y.clone()) for x, y in zip(a, b, strict=True)])
 
 
 class SeedLinear(nn.Module):

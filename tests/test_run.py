@@ -138,6 +138,7 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         ([str(config), "--sweep", "env=CartPole-v1"], "use --env"),
         ([str(config), "--set", "alpha=0.1", "--sweep", "alpha=0.2,0.4"], "alpha is given both in --set and --sweep"),
         ([str(config), "--sweep", "alpha=0.2", "--sweep", "alpha=0.4"], "--sweep alpha is given twice"),
+        ([str(config), "--seeds", "1", "2", "--num-seeds", "2", "--set", "stop_return=100"], "--num-seeds 1 to use"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):
@@ -336,6 +337,7 @@ def test_ray_ctrl_c_brings_each_run_back_with_its_summary(tmp_path):
 def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_path):
     runs = tmp_path / "runs"
     states = {"finished": ("summary", "checkpoint"), "preempted": ("checkpoint", "config"),
+              "cut_short": ("truncated", "checkpoint"),  # killed while summary.json was written: not finished
               "stopped": ("interrupted", "checkpoint"), "stopped_early": ("interrupted", "config"),
               "crashed_early": ("config",), "never_started": ()}
     for name, files in states.items():
@@ -343,25 +345,26 @@ def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_pa
             (runs / name).mkdir(parents=True)
         for file in files:
             text = json.dumps({"interrupted": file == "interrupted", "eval_return_mean": 1.0})
-            path = {"summary": "summary.json", "interrupted": "summary.json", "config": "config.yaml",
-                    "checkpoint": "checkpoint.pt"}[file]
+            text = text[:10] if file == "truncated" else text
+            path = {"summary": "summary.json", "interrupted": "summary.json", "truncated": "summary.json",
+                    "config": "config.yaml", "checkpoint": "checkpoint.pt"}[file]
             (runs / name / path).write_text(text)
     record = {"launch_id": "l__1", "jobs": [{"run_name": name, "env": "E", "seed": seed, "values": {"alpha": "0.2"},
                                              "argv": ["--seed", str(seed), "--run-name", name]}
                                             for seed, name in enumerate(states)]}
     jobs = run.resumed_jobs(record, runs)
     assert {job.run_name: job.argv for job in jobs} == {
-        "preempted": ["--resume", "runs/preempted"], "stopped": ["--resume", "runs/stopped"],
-        "stopped_early": ["--seed", "3", "--run-name", "stopped_early"],
-        "crashed_early": ["--seed", "4", "--run-name", "crashed_early"],
-        "never_started": ["--seed", "5", "--run-name", "never_started"]}
-    assert [job.resumes for job in jobs] == [True, True, False, False, False]
+        "preempted": ["--resume", "runs/preempted"], "cut_short": ["--resume", "runs/cut_short"],
+        "stopped": ["--resume", "runs/stopped"], "stopped_early": ["--seed", "4", "--run-name", "stopped_early"],
+        "crashed_early": ["--seed", "5", "--run-name", "crashed_early"],
+        "never_started": ["--seed", "6", "--run-name", "never_started"]}
+    assert [job.resumes for job in jobs] == [True, True, True, False, False, False]
     assert jobs[0].log == runs / "l__1" / "logs" / "preempted.log" and jobs[0].values == {"alpha": "0.2"}
     assert jobs[0].script_args("c.yaml") == ["--resume", "runs/preempted"]
-    assert jobs[2].script_args("c.yaml") == ["--config", "c.yaml", "--seed", "3", "--run-name", "stopped_early"]
+    assert jobs[3].script_args("c.yaml") == ["--config", "c.yaml", "--seed", "4", "--run-name", "stopped_early"]
     longer = run.resumed_jobs(record, runs, total_timesteps=900)
     assert longer[0].argv == ["--resume", "runs/preempted", "--total-timesteps", "900"]
-    assert longer[2].argv == ["--seed", "3", "--run-name", "stopped_early", "--total-timesteps", "900"]
+    assert longer[3].argv == ["--seed", "4", "--run-name", "stopped_early", "--total-timesteps", "900"]
 
 
 @pytest.mark.parametrize("where", ["local", "ray"])

@@ -1,0 +1,247 @@
+"""The run machinery (harness/), tested once: stacked layers and optimizer steps that equal each seed's plain ones,
+configs typed through the dataclass, seeded evaluations that replay, packs that resume only where they were saved,
+--evaluate of a pack's seed from the pack's checkpoint, files a kill cannot leave half-written, and the pack's
+evaluation in one vector env. The algorithm runs here use dqn.py (CartPole) as the smallest whole run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import harness.run
+from harness import SeedAdam, SeedConv2d, SeedLinear, clip_grad_norm, seed_state_dict, stacked
+from harness.args import RunArgs, instance
+from harness.files import read_json, write_atomic, write_json_atomic
+from tests.algo_utils import load_algo, parse, tiny_args
+
+dqn = load_algo("dqn")
+
+
+# ---- stacked networks -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch, inputs, outputs", [
+    (1, 4, 256), (64, 4, 256), (64, 256, 256), (64, 256, 2), (32, 256, 1), (1, 256, 1), (32, 3136, 512),  # the files'
+    (7, 5, 3), (4, 6, 5), (2, 3, 4), (9, 17, 3), (16, 25, 2), (64, 17, 256), (64, 23, 256), (100, 1, 8), (3, 5, 6),
+])
+def test_a_seed_linear_row_is_the_plain_linear_bit_for_bit(batch, inputs, outputs):
+    """Forward and backward (input, weight and bias gradients) of each seed's row equal nn.Linear's on that seed's
+    tensors exactly, a 1-wide output included (torch's matrix-vector path; seed 0, 5 seeds)."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(inputs, outputs) for _ in range(5)]
+    pack = SeedLinear(layers)
+    x, grad = torch.randn(5, batch, inputs, requires_grad=True), torch.randn(5, batch, outputs)
+    out = pack(x)
+    out.backward(grad)
+    for i, layer in enumerate(layers):
+        xi = x.detach()[i].clone().requires_grad_()  # clones: a lone run's own (aligned) tensors
+        alone = layer(xi)
+        alone.backward(grad[i].clone())
+        assert torch.equal(out[i], alone)
+        assert torch.equal(x.grad[i], xi.grad)
+        assert torch.equal(pack.weight.grad[i], layer.weight.grad) and torch.equal(pack.bias.grad[i], layer.bias.grad)
+
+
+def test_a_seed_conv_row_is_the_plain_conv():
+    """The grouped convolution of a pack computes each seed's nn.Conv2d (to float rounding: another kernel)."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(4, 8, 3, stride=2) for _ in range(3)]
+    x = torch.randn(3, 2, 4, 9, 9)
+    out = SeedConv2d(layers)(x)
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(out[i], layer(x[i]), rtol=1e-5, atol=1e-6)
+
+
+class Scaled(nn.Module):
+    """A plain network with a buffer and a flatten over any leading dimensions, as the files' networks."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(-2), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+        self.register_buffer("scale", torch.tensor([2.0, 3.0]))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+def test_stacked_is_the_plain_network_for_one_seed_and_each_seeds_for_a_pack():
+    """One seed: the plain module itself (no seed dimension), initialised under that seed. A pack: each seed's
+    network as that seed initialises it alone; seed_state_dict gives seed i's plain state_dict, cloned (a view
+    would save the whole stack), which loads into the plain class."""
+    one = stacked(Scaled, [7])
+    assert type(one.net[1]) is nn.Linear and one(torch.zeros(4, 2, 3)).shape == (4, 2)
+    pack = stacked(Scaled, [7, 8, 9])
+    x = torch.randn(3, 4, 2, 3)
+    for i, seed in enumerate([7, 8, 9]):
+        alone = stacked(Scaled, [seed])
+        state = seed_state_dict(pack, i)
+        assert all(torch.equal(state[k], v) for k, v in alone.state_dict().items())
+        assert all(v.untyped_storage().nbytes() == v.numel() * v.element_size() for v in state.values())
+        assert torch.equal(pack(x)[i], alone(x[i]))
+        Scaled().load_state_dict(state)
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        stacked(partial(nn.Conv1d, 2, 2, 3), [1, 2])
+
+
+@pytest.mark.parametrize("size", [2, 3, 6, 9, 18, 64, 256])
+def test_seed_adam_and_clipping_step_each_seed_as_alone(size):
+    """30 steps of clipped Adam on 10 seeds' rows equal 10 lone Adams exactly, for tensors of any size (the fused
+    CPU kernel rounds the scalar tail of a small tensor otherwise), with gradients of 1e-4 to 1e2 (seed 0)."""
+    torch.manual_seed(0)
+    pack = nn.Parameter(torch.randn(10, size))
+    rows = [nn.Parameter(pack.detach()[i].clone()) for i in range(10)]
+    optimizer = SeedAdam([pack], 10, lr=torch.tensor(1e-3), fused=True)
+    alone = [torch.optim.Adam([row], lr=torch.tensor(1e-3), fused=True) for row in rows]
+    for _ in range(30):
+        grad = torch.randn(10, size) * 10 ** float(torch.randint(-4, 3, (1,)))
+        pack.grad = grad.clone()
+        norms = clip_grad_norm([pack], 1.0, 10)
+        optimizer.step()
+        for i, (row, adam) in enumerate(zip(rows, alone, strict=True)):
+            row.grad = grad[i].clone()
+            assert torch.equal(clip_grad_norm([row], 1.0), norms[i])
+            adam.step()
+    assert all(torch.equal(pack.detach()[i], row.detach()) for i, row in enumerate(rows))
+
+
+# ---- arguments ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ToyArgs(RunArgs):
+    rate: float = 0.1  # a float
+    steps: int = 3  # an int
+    flag: bool = False  # a bool
+    mode: Literal["a", "b"] = "a"  # a choice
+    limit: float | None = None  # an optional float
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"rate": "fast"}, "rate must be a float, got 'fast'"), ({"steps": 2.5}, "steps must be an int, got 2.5"),
+    ({"steps": True}, "steps must be an int"), ({"flag": "yes"}, "flag must be a bool"),
+    ({"mode": "c"}, "mode must be one of 'a', 'b', got 'c'"), ({"limit": "x"}, "limit must be a float or null"),
+    ({"rat": 1.0}, "unknown key 'rat' \\(closest: rate"),
+])
+def test_config_values_are_checked_against_the_dataclass(values, message):
+    with pytest.raises(SystemExit, match=f"error: c.yaml: {message}"):
+        instance(ToyArgs, values, "c.yaml")
+
+
+def test_config_values_of_the_right_type_are_taken():
+    args = instance(ToyArgs, {"rate": "1e-3", "steps": 4, "flag": True, "mode": "b", "limit": 5}, "c.yaml")
+    assert (args.rate, args.steps, args.flag, args.mode, args.limit) == (1e-3, 4, True, "b", 5.0)
+    assert isinstance(args.limit, float)
+
+
+# ---- runs of dqn.py: evaluations, packs, --evaluate ---------------------------------------------------------
+
+
+pytestmark = pytest.mark.usefixtures("main_in_tmp_path")
+
+
+def hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_an_epsilon_greedy_evaluation_is_seeded_and_replays_the_final_one():
+    """A run evaluated with --eval-epsilon 0.3: --evaluate with its own settings plays the final evaluation again,
+    episode for episode, and two --evaluate with --eval-epsilon 0.5 --seed 7 give the same returns. Fails if
+    an evaluation's exploration draws from an unseeded generator."""
+    summary = dqn.main(tiny_args(dqn, run_name="r", eval_epsilon=0.3, eval_episodes=8, seed=1))
+    again = dqn.main(parse(dqn, ["--evaluate", "runs/r"]))
+    assert again["returns"] == summary["eval_returns"] and len(set(again["returns"])) > 1
+    first, second = (dqn.main(parse(dqn, ["--evaluate", "runs/r", "--eval-epsilon", "0.5", "--seed", "7"]))
+                     for _ in range(2))
+    assert first["returns"] == second["returns"] != again["returns"]
+
+
+def test_a_packs_evaluation_plays_every_seed_in_one_vector_env(monkeypatch):
+    """A pack of 3 evaluates its seeds in one call of envs.evaluate (one vector env, one policy call per step for
+    all seeds), each seed with its own seed + 10000. Fails if each seed is evaluated on its own."""
+    calls = []
+    evaluate = harness.run.evaluate
+
+    def spy(env_id, policy, episodes, seeds, **kwargs):
+        calls.append(seeds)
+        return evaluate(env_id, policy, episodes, seeds, **kwargs)
+
+    monkeypatch.setattr(harness.run, "evaluate", spy)
+    dqn.main(tiny_args(dqn, run_name="pack", num_seeds=3, eval_frequency=200))
+    assert calls == [[10_001, 10_002, 10_003]] * 2  # at step 200, and the final one at 400
+
+
+def test_stop_return_in_a_pack_is_refused():
+    with pytest.raises(SystemExit, match="--stop-return stops a run at its own evaluation"):
+        dqn.main(tiny_args(dqn, num_seeds=2, stop_return=100.0, eval_frequency=100))
+    assert not Path("runs").exists()
+
+
+def test_a_pack_resumes_in_a_copy_of_its_folder_and_nowhere_else(tmp_path):
+    """A pack of 2 stopped by its checkpoint: its folder copied elsewhere resumes there, the original's files
+    unchanged (hashes); a renamed first directory, or one copied without the other seed's, is refused with one
+    line and nothing written. Fails if the resume writes into the directories beside the named one by name."""
+    args = tiny_args(dqn, run_name="pack", num_seeds=2, checkpoint_frequency=200, anneal_lr=False)
+    dqn.main(args)
+    before = hashes(tmp_path / "runs")
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy")
+    summaries = dqn.main(parse(dqn, ["--resume", "copy/pack__1", "--total-timesteps", "600"]))
+    assert [s["global_step"] for s in summaries] == [600, 600] and hashes(tmp_path / "runs") == before
+    assert json.loads((tmp_path / "copy" / "pack__2" / "summary.json").read_text())["global_step"] == 600
+    shutil.copytree(tmp_path / "runs" / "pack__1", tmp_path / "runs" / "renamed")
+    with pytest.raises(SystemExit, match="saved in pack__1: resume it under that name"):
+        dqn.main(parse(dqn, ["--resume", "runs/renamed", "--total-timesteps", "600"]))
+    (tmp_path / "alone").mkdir()
+    shutil.copytree(tmp_path / "runs" / "pack__1", tmp_path / "alone" / "pack__1")
+    with pytest.raises(SystemExit, match=r"its other seeds \(pack__2\) are not beside it"):
+        dqn.main(parse(dqn, ["--resume", "alone/pack__1", "--total-timesteps", "600"]))
+    assert hashes(tmp_path / "runs") == {**before, **{f"renamed/{k.split('/', 1)[1]}": v for k, v in before.items()
+                                                       if k.startswith("pack__1/")}}
+
+
+def test_evaluate_finds_a_packs_seed_in_the_packs_checkpoint():
+    """Seed 2 of a pack run with --no-save-model: --evaluate loads its row of the pack's checkpoint (in seed 1's
+    directory) and plays the training's final evaluation again."""
+    summaries = dqn.main(tiny_args(dqn, run_name="pack", num_seeds=2, save_model=False, checkpoint_frequency=400))
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))
+    assert record["networks"] == "checkpoint.pt" and record["seed"] == 2
+    assert record["returns"] == summaries[1]["eval_returns"] and record["global_step"] == 400
+
+
+def test_a_kill_during_a_write_leaves_the_previous_file(tmp_path):
+    """write_atomic writes beside the file and renames: a write that dies halfway leaves the old summary whole
+    (and read_json reads a truncated file as None, so run.py counts such a run unfinished)."""
+    path = tmp_path / "summary.json"
+    write_json_atomic({"global_step": 1}, path)
+
+    def dies(f):
+        f.write(b'{"global_st')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, dies)
+    assert read_json(path) == {"global_step": 1}
+    path.write_text('{"global_st')
+    assert read_json(path) is None
+
+
+def test_model_pt_of_a_run_loads_into_the_plain_network():
+    dqn.main(tiny_args(dqn, run_name="r"))
+    env = gym.make("CartPole-v1")
+    network = dqn.QNetwork(env.observation_space, env.action_space)
+    network.load_state_dict(torch.load("runs/r/model.pt", weights_only=True))
+    assert network(torch.zeros(2, 4)).shape == (2, 2)
+    with torch.no_grad():
+        assert np.isfinite(F.softmax(network(torch.zeros(1, 4)), -1).numpy()).all()
