@@ -41,6 +41,7 @@ from tensordict import TensorDictBase  # noqa: E402
 import harness.run  # noqa: E402
 from buffers import NStepReturns, ReplayBuffer  # noqa: E402
 from envs import TransitionRecorder  # noqa: E402
+from envs.cartpole import CartPoleArray  # noqa: E402
 from harness import SeedAdam  # noqa: E402
 from tests.algo_utils import load_algo, parse  # noqa: E402  (algos/<name>.py as a module, as the tests load it)
 
@@ -91,6 +92,7 @@ def main() -> None:
     harness.run.evaluate = untimed_evaluate
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # installs the profiling hook on Adam.step: timed too
     timed(gym.vector.SyncVectorEnv, "step", lambda args: "env step")
+    timed(CartPoleArray, "step", lambda args: "env step")
     timed(TransitionRecorder, "record")
     timed(NStepReturns, "push")
     timed(ReplayBuffer, "extend")

@@ -10,6 +10,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
+from .cartpole import CartPoleArray
+
+CARTPOLE_ARRAY = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"  # the entry point CartPoleArray wraps
+
 # The DQN-paper preprocessing (Mnih et al. 2015), applied to every Atari id. Rewards stay raw
 # here: TransitionRecorder clips them for training, so episode statistics are always in game score.
 # What varies between ids (sticky actions, action set, episode cap) comes from the id's registry
@@ -155,6 +159,10 @@ def make_vector_env(
     "_final_obs" mask; ale-py: dense array, valid in the rows where terminated | truncated).
     `TransitionRecorder` turns that into clean transitions.
 
+    CartPole ids step all envs in one numpy call (gymnasium's CartPoleVectorEnv, made SAME_STEP with a
+    generator per env by envs.cartpole.CartPoleArray: the same episodes as a SyncVectorEnv of CartPoleEnv); other
+    gymnasium ids are a SyncVectorEnv of their envs.
+
     Atari ids ("PongNoFrameskip-v4", "ALE/Pong-v5") get the DQN preprocessing and their own
     registry settings, see `atari_settings` (env_kwargs override both). With `training=True`,
     info["life_loss"] is added.
@@ -179,6 +187,8 @@ def make_vector_env(
         env.spec = spec  # AtariVectorEnv keeps none; envs.state checks a saved state against it
         if training:
             env = LifeLossInfo(env)
+    elif spec.vector_entry_point == CARTPOLE_ARRAY:  # one numpy call steps every env (envs/cartpole.py)
+        env = CartPoleArray(gym.make_vec(spec, num_envs, vectorization_mode="vector_entry_point", **env_kwargs))
     else:
         env = gym.make_vec(
             spec,

@@ -48,6 +48,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import SyncVectorEnv, VectorEnv, VectorWrapper
 
 FORMAT = 1
@@ -74,7 +75,7 @@ def env_state(env: VectorEnv) -> dict[str, Any]:
         return state
     state["exact"] = True
     state["layers"] = [_attributes(layer) for layer in layers]
-    state["sub_envs"] = [[_attributes(layer) for layer in _sub_env_layers(sub)] for sub in layers[-1].envs]
+    state["sub_envs"] = [[_attributes(layer) for layer in _sub_env_layers(sub)] for sub in _sub_envs(layers[-1])]
     return state
 
 
@@ -106,7 +107,7 @@ def load_env_state(env: VectorEnv, state: dict[str, Any]) -> np.ndarray | None:
         obs, _ = env.reset(seed=state["reset_seed"])
         return obs
 
-    subs = layers[-1].envs
+    subs = _sub_envs(layers[-1])
     if len(state["layers"]) != len(layers) or len(state["sub_envs"]) != len(subs):
         raise ValueError("The saved env state does not fit this env: its layers differ.")
     for layer, saved in zip(layers, state["layers"], strict=True):
@@ -140,11 +141,17 @@ def _vector_layers(env: VectorEnv) -> list[Any]:
     layers = [env]
     while isinstance(layers[-1], VectorWrapper):
         layers.append(layers[-1].env)
-    if not (isinstance(layers[-1], SyncVectorEnv) or _is_atari(layers[-1])):
+    if not (isinstance(layers[-1], SyncVectorEnv) or _is_atari(layers[-1]) or type(layers[-1]) is CartPoleVectorEnv):
         raise ValueError(
-            f"env_state supports gymnasium's SyncVectorEnv and ale-py's AtariVectorEnv, not {type(layers[-1]).__name__}"
+            "env_state supports gymnasium's SyncVectorEnv and CartPoleVectorEnv and ale-py's AtariVectorEnv, not "
+            f"{type(layers[-1]).__name__}"
         )
     return layers
+
+
+def _sub_envs(env: VectorEnv) -> list[gym.Env]:
+    """A SyncVectorEnv's envs; none for an array env (CartPoleVectorEnv), whose state is all its own attributes."""
+    return env.envs if isinstance(env, SyncVectorEnv) else []
 
 
 def _sub_env_layers(env: gym.Env) -> list[Any]:
@@ -188,6 +195,8 @@ def _attributes(layer: Any) -> dict[str, Any]:
 def _encode_attr(value: Any) -> Any:
     if isinstance(value, np.random.Generator):
         return ("generator", _encode(value.bit_generator.state))
+    if type(value) is list and value and all(isinstance(item, np.random.Generator) for item in value):
+        return ("generators", [_encode(item.bit_generator.state) for item in value])  # one per env
     if isinstance(value, gym.spaces.Space):
         return ("space", _space_state(value))
     if mujoco is not None and isinstance(value, mujoco.MjData):
@@ -257,6 +266,11 @@ def _restore_attr(obj: Any, name: str, encoded: Any, where: str) -> list[Callabl
     """Checks and decodes one saved attribute; returns the steps that set it (run after every check)."""
     kind, payload = encoded if isinstance(encoded, tuple) and len(encoded) == 2 else (None, None)
     current = getattr(obj, name, None)
+    if kind == "generators":
+        if not (isinstance(current, list) and isinstance(payload, list) and len(current) == len(payload)):
+            raise ValueError(f"The saved env state does not fit this env: {where} holds other generators.")
+        restored = [_generator(item, f"{where}[{i}]") for i, item in enumerate(payload)]
+        return [lambda: setattr(obj, name, restored)]
     if kind == "generator":
         restored = _generator(payload, where)
         if isinstance(current, np.random.Generator) and type(current.bit_generator) is type(restored.bit_generator):

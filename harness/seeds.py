@@ -27,15 +27,10 @@ class _SeedLinearProduct(torch.autograd.Function):
     """x [seeds, batch, in] @ weight[s].T + bias[s], with nn.Linear's products per seed, in both directions."""
 
     @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if _batched(x, weight.mT, bias):
-            return torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
-        rows = zip(x, weight, bias, strict=True)  # each seed's tensors as a lone run allocates them (aligned)
-        return torch.stack([torch.addmm(b.clone(), xs.clone(), w.clone().t()) for xs, w, b in rows])
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(inputs[0], inputs[1])
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        # (ctx in forward, not setup_context: the latter binds the arguments with inspect at every call, 5x slower)
+        ctx.save_for_backward(x, weight)
+        return _linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -44,6 +39,14 @@ class _SeedLinearProduct(torch.autograd.Function):
         # computes (x^T grad)^T, which rounds differently.
         grad_x = _bmm(grad, weight) if ctx.needs_input_grad[0] else None
         return grad_x, _bmm(grad.mT, x), grad.sum(1)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Each seed's nn.Linear: batched where that gives each seed its own bits (see _batched), else seed by seed."""
+    if _batched(x, weight.mT, bias):
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
+    rows = zip(x, weight, bias, strict=True)  # each seed's tensors as a lone run allocates them (aligned)
+    return torch.stack([torch.addmm(b.clone(), xs.clone(), w.clone().t()) for xs, w, b in rows])
 
 
 _BATCHED: dict[tuple, bool] = {}  # (shapes, layouts, dtype, with a bias) -> whether the batched product is exact
@@ -61,7 +64,7 @@ def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None)
         return True
     if a.shape[1] * a.shape[2] * b.shape[2] < 400:  # torch's naive kernel, whose order varies with the values
         return False
-    key = (a.shape[1:], b.shape[1:], a.stride(-1) == 1, b.stride(-1) == 1, a.dtype, bias is not None)
+    key = (*a.shape[1:], b.shape[2], a.stride(-1) == 1, b.stride(-1) == 1, a.dtype, bias is not None)
     if key not in _BATCHED:
         probe = torch.Generator().manual_seed(0)
 
@@ -93,6 +96,8 @@ class SeedLinear(nn.Module):
         self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))  # [seeds, out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # acting, targets: no graph to record (saves the Function's overhead)
+            return _linear(x, self.weight, self.bias)
         return _SeedLinearProduct.apply(x, self.weight, self.bias)
 
 
@@ -202,8 +207,9 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, seeds: i
     Each norm is taken of each seed's own rows, as contiguous tensors of the plain network's shapes (a reduction
     over the rows of a [seeds, n] tensor may add in another order), so a seed clips as it would alone."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    rows = grads if seeds == 1 else [grad[i] for i in range(seeds) for grad in grads]
-    norms = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(rows)).view(seeds, -1), dim=1)
+    rows = grads if seeds == 1 else [row for grad in grads for row in grad.unbind(0)]  # parameter by parameter
+    norms = torch.stack(torch._foreach_norm(rows)).view(-1, seeds).T.contiguous()  # [seeds, parameters]
+    norms = torch.linalg.vector_norm(norms, dim=1)
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for grad in grads:
         grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)) if seeds > 1 else scale[0])

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from envs import TransitionRecorder, evaluate, is_atari, make_vector_env
+from envs import TransitionRecorder, env_state, evaluate, is_atari, load_env_state, make_vector_env
 from envs.make import ATARI_SETTINGS, LifeLossInfo, atari_settings
 from tests.probe_env import image_pixel
 
@@ -437,3 +437,40 @@ def test_mujoco_smoke():
     assert batch["obs"].dtype == torch.float32 and batch["obs"].shape == (20, 2, 17)
     assert batch["action"].dtype == torch.float32 and batch["action"].shape == (20, 2, 6)
     assert torch.equal(batch["obs"][1:], batch["next_obs"][:-1])  # no episode ends in 20 steps
+
+
+def test_cartpole_steps_as_one_array_and_plays_the_episodes_of_gymnasiums_sync_env():
+    """make_vector_env("CartPole-v1") steps every env in one numpy call (CartPoleVectorEnv in envs.cartpole's
+    SAME_STEP wrapper); with the same seeds and actions it returns, step for step over 3000 steps and about 500
+    episode ends, exactly what a SyncVectorEnv of gymnasium's CartPoleEnv returns: observations, rewards,
+    terminations, truncations and the final observations (seed 0 for the actions). Env j seeded s plays the same
+    whatever the other envs are (a pack's rows), and env_state in the middle continues exactly."""
+    from gymnasium.vector import AutoresetMode
+
+    from envs.cartpole import CartPoleArray
+
+    seeds = [1, 2, 3, 1 + 2**20]
+    ours = make_vector_env("CartPole-v1", 4, 1)
+    assert isinstance(ours, CartPoleArray)
+    sync = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    alone = make_vector_env("CartPole-v1", 1, 2)  # env 1 alone, seeded 2
+    assert np.array_equal(ours.reset(seed=seeds)[0], sync.reset(seed=seeds)[0])
+    alone.reset(seed=2)
+    rng, ends = np.random.default_rng(0), 0
+    for t in range(3000):
+        action = rng.integers(0, 2, 4)
+        mine, theirs, lone = ours.step(action), sync.step(action), alone.step(action[1:2])
+        for a, b in zip(mine[:4], theirs[:4], strict=True):
+            assert np.array_equal(a, b), t
+        assert np.array_equal(mine[0][1:2], lone[0]) and mine[2][1] == lone[2][0]
+        done = mine[2] | mine[3]
+        ends += int(done.sum())
+        for i in np.flatnonzero(done):
+            assert np.array_equal(mine[4]["final_obs"][i], theirs[4]["final_obs"][i])
+        if t == 1500:  # save and continue in a fresh env
+            fresh = make_vector_env("CartPole-v1", 4, 1)
+            fresh.reset(seed=[9, 9, 9, 9])
+            assert load_env_state(fresh, env_state(ours)) is None
+            ours = fresh
+    assert ends > 400
