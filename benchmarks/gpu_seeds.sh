@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Many seeds in one process on one GPU, at most 6 minutes: seed-steps per second of dqn.py on CartPole and
-# per_dqn.py on Pong (its Atari preset, a 100k buffer per seed) at --num-seeds 1, 8 and 32, the update compiled
-# and replayed as a CUDA graph. Seed-steps/s = each seed's training steps/s (summary.json's train_sps) x seeds.
+# Many seeds in one process on one GPU, at most 6 minutes: seed-steps per second of dqn.py on CartPole (its
+# envs one numpy array) and per_dqn.py on Pong (its Atari preset, a 20k buffer per seed, all seeds' games in one
+# ale-py vector env) at --num-seeds 1, 8, 32 and 128, the update compiled and replayed as a CUDA graph.
+# Seed-steps/s = each seed's training steps/s (summary.json's train_sps) x seeds.
 #   here, once:  bash benchmarks/gpu_wheels.sh           (the wheels the GPU machine lacks, into .whl/)
 #   device tool: run(command="bash benchmarks/gpu_seeds.sh", carry=[".whl"], timeout_s=420)
 set -uo pipefail
@@ -15,13 +16,13 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 common=(--cuda --compile --cudagraphs --threads 8 --eval-episodes 1 --eval-frequency 0)
-for case in "cartpole:dqn.py:--total-timesteps 20000" \
-            "pong:per_dqn.py:--env PongNoFrameskip-v4 --buffer-size 100000 --total-timesteps 20000 --learning-starts 5000"; do
+for case in "cartpole:dqn.py:--total-timesteps 10000" \
+            "pong:per_dqn.py:--env PongNoFrameskip-v4 --buffer-size 20000 --total-timesteps 6000 --learning-starts 2000"; do
   IFS=: read -r name script flags <<< "$case"
-  for n in 1 8 32; do
+  for n in 1 8 32 128; do
     run=$name-seeds$n
     # shellcheck disable=SC2086  # $flags is a list of flags
-    timeout 55 python3 "algos/$script" ${flags} "${common[@]}" --num-seeds "$n" --run-name "$run-{seed}" \
+    timeout 40 python3 "algos/$script" ${flags} "${common[@]}" --num-seeds "$n" --run-name "$run-{seed}" \
       > "$OUT/$run.log" 2>&1
     python3 -c "import json; s = json.load(open('runs/$run-1/summary.json')); \
 print('$run', round(s['train_sps']), 'steps/s per seed,', round(s['train_sps'] * $n), 'seed-steps/s')" \

@@ -1,7 +1,7 @@
 """Runs that lose nothing: --resume continues the run in the directory it is given (a copy, another working
 directory), a signal during an evaluation leaves it due for the resumed run, extending a run keeps every schedule
-continuous, W&B is rewound to the checkpoint, and the small guards of the run plumbing (negative frequencies,
-DDPG slices longer than the batch, the CNN only for uint8 images, synced checkpoints, train_sps).
+continuous, a resumed W&B run holds each step once, and the small guards of the run machinery (negative
+frequencies, DDPG slices longer than the batch, the CNN only for uint8 images, synced files, train_sps).
 
 Each run here is `main` in this process on CartPole or Pendulum, stopped by a real SIGTERM that
 a spy sends to this process, and resumed through `parse_args(["--resume", ...])` as the command line does."""
@@ -268,7 +268,8 @@ def test_a_total_below_the_step_reached_is_refused(tmp_path):
 def wandb_steps(run_dir: Path) -> dict[str, list[list[int]]]:
     """The steps of every history record in a run directory's offline W&B files, per W&B run id, one list per
     file (a resumed run adds a file). Read from the files themselves: LevelDB-style log records (32 KiB blocks,
-    7-byte headers) of wandb's protobuf Records, after a 7-byte file header."""
+    7-byte headers) of wandb's protobuf Records, after a 7-byte file header. A run record that asks W&B to
+    rewind or fork a run (a branch point: W&B's run rewind, a preview feature) fails the test."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
@@ -290,6 +291,8 @@ def wandb_steps(run_dir: Path) -> dict[str, list[list[int]]]:
                 items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
                 if record.WhichOneof("record_type") == "history" and "_step" in items:
                     steps.append(int(items["_step"]))
+                if record.WhichOneof("record_type") == "run":
+                    assert not record.run.HasField("branch_point"), record.run.branch_point
         found.setdefault(path.stem.removeprefix("run-"), []).append(steps)
     return found
 
