@@ -568,7 +568,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         last_copy.scatter_reduce_(0, slots, position, "amax", include_self=False)
         last = last_copy.index_select(0, slots)  # -1 where no copy of the slot is valid
         value = priority.index_select(0, last if valid is None else last.clamp(min=0))
-        stored = _lane_pow(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).view(-1)  # (|p| + eps) ** alpha
+        stored = _lane_pow(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).reshape(-1)  # (|p|+eps)**alpha
         if valid is not None:  # a slot with no valid copy keeps its leaf
             stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
