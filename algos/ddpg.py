@@ -179,7 +179,7 @@ def main(args: Args) -> dict | list[dict]:
     actor_optimizer = run.adam(actor.parameters(), lr=args.learning_rate, capturable=capturable)  # fused Adam
     qf_optimizer = run.adam(qf.parameters(), lr=args.learning_rate, capturable=capturable)
     obs_norm = run.networks(partial(RunningMeanStd, obs_space.shape, enabled=args.normalize_obs)).to(device)
-    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, num_seeds=len(seeds))  # a replay per seed
+    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, num_seeds=len(seeds))  # each seed its own
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs, num_seeds=len(seeds))
     recorder = TransitionRecorder(env.num_envs)
     noise = ExplorationNoise((env.num_envs, *action_space.shape), args.ou_theta,

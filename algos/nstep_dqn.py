@@ -161,7 +161,7 @@ def main(args: Args) -> dict | list[dict]:
     optimizer = run.adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),  # fused Adam
                          capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
     frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
-    rb = ReplayBuffer(args.buffer_size, device, args.seed, frame_stack, num_seeds=len(seeds))  # a replay per seed
+    rb = ReplayBuffer(args.buffer_size, device, args.seed, frame_stack, num_seeds=len(seeds))  # each seed its own
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs, num_seeds=len(seeds))  # N-STEP: at write time
     recorder = TransitionRecorder(env.num_envs, clip_reward=is_atari(args.env))
     explore_rngs = run.generators()  # a NumPy generator per seed
