@@ -119,13 +119,13 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
 
 def make_update(q_network: nn.Module, target_network: nn.Module, optimizer: torch.optim.Optimizer, args: Args):
     """The gradient step, a closure of tensors (so torch.compile and CUDA graphs can wrap it): batch -> metrics."""
-    seeds = args.num_seeds
+    seeds, parameters = args.num_seeds, list(q_network.parameters())
 
     def update(batch: TensorDict) -> TensorDict:
         loss, q = q_loss(q_network, target_network, batch, args)
         optimizer.zero_grad()
         loss.sum().backward()  # a pack: the sum, so each seed's gradient is its own loss's (Adam is per element)
-        grad_norm = clip_grad_norm(q_network.parameters(), args.max_grad_norm, seeds)  # each seed its own norm
+        grad_norm = clip_grad_norm(parameters, args.max_grad_norm, seeds)  # a pack: each seed its own norm
         optimizer.step()
         return TensorDict(td_loss=loss.detach(), q_values=q.mean(-1), grad_norm=grad_norm)
 

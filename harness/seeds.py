@@ -207,10 +207,14 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, seeds: i
     Each norm is taken of each seed's own rows, as contiguous tensors of the plain network's shapes (a reduction
     over the rows of a [seeds, n] tensor may add in another order), so a seed clips as it would alone."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    rows = grads if seeds == 1 else [row for grad in grads for row in grad.unbind(0)]  # parameter by parameter
+    if seeds == 1:
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
+    rows = [row for grad in grads for row in grad.unbind(0)]  # parameter by parameter
     norms = torch.stack(torch._foreach_norm(rows)).view(-1, seeds).T.contiguous()  # [seeds, parameters]
     norms = torch.linalg.vector_norm(norms, dim=1)
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for grad in grads:
-        grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)) if seeds > 1 else scale[0])
-    return norms if seeds > 1 else norms[0]
+        grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
+    return norms
