@@ -204,17 +204,19 @@ class SegmentTree:
         return node
 
 
-def _lane_pow(x: torch.Tensor, exponent: float | torch.Tensor) -> torch.Tensor:
-    """x ** exponent along the last dimension, each row padded to a multiple of 16 entries so that every entry
-    goes through the CPU's vectorised pow: the scalar pow that takes a row's last few entries otherwise rounds
-    differently, so a seed's row of a pack would not equal the same values alone (many seeds, bit for bit)."""
+def _lane_pow_(x: torch.Tensor, exponent: float | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x ** exponent along the last dimension (in place, or into `out`), each row padded to a multiple of 16
+    entries so that every entry goes through the CPU's vectorised pow: the scalar pow that takes a row's last few
+    entries otherwise rounds differently, so a seed's row of a pack would not equal the same values alone (many
+    seeds, bit for bit). Rows of a multiple of 16 entries, and CUDA tensors, take the plain pow."""
     n = x.shape[-1]
     padded = -(-n // 16) * 16
     if x.device.type != "cpu" or padded == n and x.is_contiguous():
-        return x.pow(exponent)
+        return x.pow_(exponent) if out is None else torch.pow(x, exponent, out=out)
     rows = x.new_ones((*x.shape[:-1], padded))
     rows[..., :n] = x
-    return rows.pow_(exponent)[..., :n]
+    result = rows.pow_(exponent)[..., :n]
+    return x.copy_(result) if out is None else out.copy_(result)
 
 
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
@@ -394,7 +396,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         leaves = slots + self._leaves_per_seed * torch.arange(self.num_seeds, device=self.device).unsqueeze(1)
         stored = self.tree.leaves.index_select(0, leaves.view(-1)).view(slots.shape)
         minimum = self.tree.levels[-1][1].view(self.num_seeds, -1).amin(1, keepdim=True)  # each seed's
-        weight = _lane_pow(stored.div_(minimum), self._neg_beta).float()
+        weight = _lane_pow_(stored.div_(minimum), self._neg_beta, torch.empty_like(stored, dtype=torch.float32))
         return self._gather_seeds(slots, weight=weight)
 
     def _sample_at(self, slots: torch.Tensor) -> TensorDict:
@@ -404,7 +406,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             slots = self._redraw_dropped(slots)
         stored = self.tree.leaves.index_select(0, slots)
-        weight = _lane_pow(stored.div_(self.tree.minimum), self._neg_beta).float()
+        weight = torch.empty(slots.shape, dtype=torch.float32, device=self.device)
+        _lane_pow_(stored.div_(self.tree.minimum), self._neg_beta, weight)
         return self._gather(slots, weight=weight)
 
     @torch.compiler.disable  # torch.compile cannot trace a Generator held by an object: draw eagerly
@@ -568,13 +571,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         last_copy.scatter_reduce_(0, slots, position, "amax", include_self=False)
         last = last_copy.index_select(0, slots)  # -1 where no copy of the slot is valid
         value = priority.index_select(0, last if valid is None else last.clamp(min=0))
-        stored = _lane_pow(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).reshape(-1)  # (|p|+eps)**alpha
+        stored = _lane_pow_(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).view(-1)  # (|p|+eps)**alpha
         if valid is not None:  # a slot with no valid copy keeps its leaf
             stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             stored = torch.where(self.tree.leaves.index_select(0, slots) > 0, stored, 0.0)  # dropped stay 0
         self.tree.update(slots, stored, self._full_rows)
-        torch.maximum(self.max_priority, stored.view(self.num_seeds, -1).amax(1), out=self.max_priority)
+        largest = stored.amax() if self.num_seeds == 1 else stored.view(self.num_seeds, -1).amax(1)
+        torch.maximum(self.max_priority, largest, out=self.max_priority)
 
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
