@@ -62,17 +62,18 @@ class QNetwork(nn.Module):
         super().__init__()
         shape, actions = observation_space.shape, int(action_space.n)
         self.image = len(shape) == 3 and observation_space.dtype == np.uint8  # (frames, height, width) pixels
+        self.obs_dims = len(shape)
         if self.image:
             conv = nn.Sequential(nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
                                  nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(-3))
             features = conv(torch.zeros(1, *shape)).shape[-1]
             self.net = nn.Sequential(conv, nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, actions))
         else:
-            self.net = nn.Sequential(nn.Flatten(-len(shape)), nn.Linear(int(np.prod(shape)), 256), nn.ReLU(),
-                                     nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, actions))
+            self.net = nn.Sequential(nn.Linear(int(np.prod(shape)), 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                     nn.Linear(256, actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [batch, *obs_shape] -> [batch, actions]
-        return self.net(obs.float() / 255.0 if self.image else obs.float())
+        return self.net(obs.float() / 255.0 if self.image else obs.float().flatten(-self.obs_dims))
 
 
 def epsilon_at(step: int, args: Args) -> float:

@@ -60,12 +60,14 @@ def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None)
     on a 64-byte boundary, differently): it is found once per shape and layout by computing both on random
     matrices laid out as a and b. Otherwise one product per seed. On CUDA, and inside torch.compile, always batched
     (a seed in a pack is not claimed equal to it alone there)."""
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, bias is None)  # (cheap: this runs at every product)
+    if key in _BATCHED:
+        return _BATCHED[key]
     if a.device.type != "cpu" or torch.compiler.is_compiling():
         return True
     if a.shape[1] * a.shape[2] * b.shape[2] < 400:  # torch's naive kernel, whose order varies with the values
-        return False
-    key = (*a.shape[1:], b.shape[2], a.stride(-1) == 1, b.stride(-1) == 1, a.dtype, bias is not None)
-    if key not in _BATCHED:
+        _BATCHED[key] = False
+    else:
         probe = torch.Generator().manual_seed(0)
 
         def like(x: torch.Tensor) -> torch.Tensor:  # random [4, rows, cols] with x's layout (row- or column-major)

@@ -96,7 +96,7 @@ def test_a_seed_in_a_pack_trains_exactly_as_alone(name):
     pack, alone = outcome(Path("runs/pack__2")), outcome(Path("runs/alone"))
     assert_same(pack, alone, episodes=2)
     others = [torch.load(f"runs/pack__{seed}/model.pt", weights_only=True) for seed in (1, 3)]
-    key = ("actor", "net.0.weight") if ddpg else ("net.1.weight",)
+    key = ("actor", "net.0.weight") if ddpg else ("net.0.weight",)
     first = pack[0][key[0]][key[1]] if ddpg else pack[0][key[0]]
     assert all(not torch.equal(other[key[0]][key[1]] if ddpg else other[key[0]], first) for other in others)
     config = (Path("runs/pack__3") / "config.yaml").read_text()
