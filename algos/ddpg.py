@@ -23,10 +23,10 @@ from harness import Run, RunArgs, fail, parse_args
 @dataclass
 class Args(RunArgs):
     env: str = "Pendulum-v1"  # the environment id (continuous actions)
-    total_timesteps: int = 15_000  # environment steps of each seed, summed over its parallel environments
+    total_timesteps: int = 20_000  # environment steps of each seed, summed over its parallel environments
     learning_rate: float = 1e-3  # Adam's learning rate, for the actor and the critic
     buffer_size: int = 100_000  # replay capacity in transitions
-    gamma: float = 0.98  # discount factor
+    gamma: float = 0.99  # discount factor
     tau: float = 0.005  # target update rate: each target moves this fraction of the way to its network
     batch_size: int = 64  # transitions per gradient step
     learning_starts: int = 1_000  # environment steps of uniform random actions before learning starts

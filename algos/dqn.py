@@ -39,7 +39,7 @@ class Args(RunArgs):
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: float = 0.99  # discount factor
     tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
-    target_network_frequency: int = 250  # environment steps between target updates
+    target_network_frequency: int = 500  # environment steps between target updates
     batch_size: int = 64  # transitions per gradient step
     start_e: float = 1.0  # exploration epsilon at the start
     end_e: float = 0.02  # exploration epsilon at the end of the schedule
