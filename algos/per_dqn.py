@@ -113,8 +113,7 @@ def td_target(target_network: nn.Module, batch: TensorDict) -> torch.Tensor:
 
 
 def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, args: Args):
-    """DQN: the TD loss of a batch (a pack: each seed's, [seeds]), weighted per sample by the importance weights,
-    with the Q-values and TD errors."""
+    """DQN: the TD loss of a batch (a pack: each seed's, [seeds]) weighted by importance, its Q-values and TD errors."""
     with torch.no_grad():
         target = td_target(target_network, batch)
     q = q_network(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
@@ -207,8 +206,7 @@ def main(args: Args) -> dict | list[dict]:
             optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
             rb.beta = args.beta_start + annealed(global_step, args) * (1.0 - args.beta_start)  # PER: beta to 1
             for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
-                batch = rb.sample(args.batch_size)  # PER: drawn by priority, with weights
-                metrics = update(batch)
+                metrics = update(batch := rb.sample(args.batch_size))  # PER: drawn by priority, with weights
                 rb.update_priority(batch["index"], metrics["abs_td_error"])  # PER: the new |TD errors|
                 updates += 1
                 if updates % 100 == 0:
