@@ -1,9 +1,9 @@
 """Many seeds at once: our packed runs (`--num-seeds N`: N seeds in one process) against SB3 and our single runs.
 
-    python benchmarks/seeds.py                                       # every case, seeds 1..10, the configs' steps
+    python benchmarks/seeds.py                                       # every case but baseline, seeds 1..10
     python benchmarks/seeds.py --cases dqn per_dqn                   # some of: dqn ddpg per_dqn scaling baseline
     python benchmarks/seeds.py --cases dqn --steps 3000 --seeds 1 2  # a quick try (writes the JSON all the same)
-    python benchmarks/seeds.py --cases baseline --baseline-ref dab5efa --repeats 2
+    python benchmarks/seeds.py --cases baseline --baseline-ref REF --repeats 2   # REF: an earlier commit or tag
 
 What is timed is a batch of work: whole processes, each from start to exit (imports, start-up, training and
 the final 10-episode evaluation), on one torch thread, at most two running at a time (the next starts when one
@@ -214,13 +214,15 @@ def table(case: str, batches: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES[:-1], help="default: all but baseline")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     parser.add_argument("--steps", type=int, help="override every config's total_timesteps (quick tries)")
-    parser.add_argument("--baseline-ref", default="dab5efa")
+    parser.add_argument("--baseline-ref", help="the git commit or tag the baseline case compares with")
     parser.add_argument("--repeats", type=int, default=2, help="runs per tree in the baseline case")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seeds.json")
     options = parser.parse_args()
+    if "baseline" in options.cases and not options.baseline_ref:
+        parser.error("the baseline case needs --baseline-ref REF (an earlier commit or tag to compare with)")
     seeds = options.seeds
     if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
         parser.error("--seeds must be consecutive: a packed process trains seed .. seed + N - 1")
