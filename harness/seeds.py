@@ -70,17 +70,15 @@ def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None)
     else:
         probe = torch.Generator().manual_seed(0)
 
-        def like(x: torch.Tensor) -> torch.Tensor:  # random [4, rows, cols] with x's layout (row- or column-major)
-            rows, cols = x.shape[1:]
-            shape = (4, rows, cols) if x.stride(-1) == 1 else (4, cols, rows)
-            y = torch.randn(shape, generator=probe, dtype=x.dtype) * torch.logspace(-3, 3, 4).view(4, 1, 1)
-            return y if x.stride(-1) == 1 else y.mT
+        def like(x: torch.Tensor) -> torch.Tensor:  # random values in x's exact layout (strides decide the kernel)
+            storage = 1 + sum((n - 1) * stride for n, stride in zip(x.shape, x.stride(), strict=True))
+            return torch.randn(storage, generator=probe, dtype=x.dtype).as_strided(x.shape, x.stride())
 
-        pa, pb, pbias = like(a), like(b), torch.randn(4, b.shape[2], generator=probe, dtype=a.dtype)
+        pa, pb, pbias = like(a), like(b), torch.randn(a.shape[0], b.shape[2], generator=probe, dtype=a.dtype)
         batched = torch.baddbmm(pbias.unsqueeze(1), pa, pb) if bias is not None else pa.bmm(pb)
         alone = [torch.addmm(pbias[i].clone(), pa[i].clone(), pb[i].clone()) if bias is not None else
-                 pa[i].clone().mm(pb[i].clone()) for i in range(4)]  # clones: a lone run's own allocations
-        _BATCHED[key] = all(torch.equal(batched[i], alone[i]) for i in range(4))
+                 pa[i].clone().mm(pb[i].clone()) for i in range(a.shape[0])]  # clones: a lone run's own allocations
+        _BATCHED[key] = all(torch.equal(batched[i], alone[i]) for i in range(a.shape[0]))
     return _BATCHED[key]
 
 
