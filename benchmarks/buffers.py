@@ -157,14 +157,16 @@ class FrameStream:
 
 class Ours:
     library = "ours"
+    buffers = (ReplayBuffer, PrioritizedReplayBuffer)  # (uniform, prioritized): buffers_versions.py swaps them
 
     def __init__(self, capacity: int, prioritized: bool, device: torch.device, frames: bool = False):
         frame_stack = 4 if frames else 0
+        uniform, prioritized_class = self.buffers
         if prioritized:
-            self.rb = PrioritizedReplayBuffer(
+            self.rb = prioritized_class(
                 capacity, alpha=ALPHA, beta=BETA, eps=EPS, device=device, seed=0, frame_stack=frame_stack)
         else:
-            self.rb = ReplayBuffer(capacity, device=device, seed=0, frame_stack=frame_stack)
+            self.rb = uniform(capacity, device=device, seed=0, frame_stack=frame_stack)
 
     def steps(self, steps: list[TensorDict]) -> TensorDict | list[TensorDict]:
         """The input to `extend` for these consecutive vector-env steps."""

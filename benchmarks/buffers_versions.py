@@ -52,10 +52,7 @@ def main() -> None:
 
         class Other(bench.Ours):
             library = "other"
-
-            def __init__(self, capacity, prioritized, device, frames=False):
-                self.rb = other.PrioritizedReplayBuffer(capacity, alpha=bench.ALPHA, beta=bench.BETA, eps=bench.EPS,
-                                                        device=device, seed=0)
+            buffers = (other.ReplayBuffer, other.PrioritizedReplayBuffer)
 
         libraries.append(Other)
     version, _, prioritized_ok, message = bench.torchrl_status(torch.device("cpu"))
