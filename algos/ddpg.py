@@ -214,7 +214,8 @@ def main(args: Args) -> dict | list[dict]:
         previous, global_step = global_step, global_step + args.num_envs
         run.episodes(global_step, finished)
 
-        if global_step > args.learning_starts and len(rb) >= args.batch_size:
+        closed = global_step - (args.n_step - 1) * args.num_envs  # n-step windows closed whatever the episodes did
+        if global_step > args.learning_starts and closed >= args.batch_size:  # (so each seed of a pack as alone)
             credit += args.num_envs * args.updates_per_step
             for _ in range(int(credit)):
                 if args.td_lambda is None:

@@ -199,7 +199,8 @@ def main(args: Args) -> dict | list[dict]:
                 metrics = update(rb.sample(args.batch_size))  # a pack: each seed's batch from its own replay
                 updates += 1
                 if updates % 100 == 0:
-                    run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()})
+                    run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()}
+                            | {"charts/learning_rate": learning_rate_at(global_step, args)})
             # DQN: the target trails the Q-network, once per interval crossed (several envs per step skip none).
             for _ in range(crossed(args.target_network_frequency, previous, global_step)):
                 target_params.lerp_(params, args.tau)

@@ -22,13 +22,11 @@ from buffers import NStepReturns, ReplayBuffer
 from envs import TransitionRecorder, is_atari
 from harness import Run, RunArgs, clip_grad_norm, crossed, fail, parse_args
 
-# Atari ids without --config: Lapan's fast Pong settings (Deep RL Hands-On, ch. 8), and Rainbow's n = 3 and
-# evaluation epsilon of 0.001 (Hessel et al. 2018).
+# Atari ids without --config: Lapan's fast Pong settings (Deep RL Hands-On ch. 8); n = 3, eval epsilon 0.001 (Rainbow).
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
                     exploration_fraction=0.1, anneal_lr=False,
-                    total_timesteps=1_000_000, buffer_size=100_000, learning_starts=10_000, train_frequency=1,
-                    end_e=0.02, loss="mse", eval_epsilon=0.001, eval_frequency=100_000, checkpoint_frequency=250_000,
-                    n_step=3)
+                    total_timesteps=1_000_000, buffer_size=100_000, learning_starts=10_000, train_frequency=1, n_step=3,
+                    end_e=0.02, loss="mse", eval_epsilon=0.001, eval_frequency=100_000, checkpoint_frequency=250_000)
 
 
 @dataclass
@@ -196,13 +194,14 @@ def main(args: Args) -> dict | list[dict]:
         previous, global_step = global_step, global_step + args.num_envs
         run.episodes(global_step, finished, {"charts/epsilon": epsilon})
 
-        if global_step > args.learning_starts and len(rb) >= args.batch_size:
+        if global_step > args.learning_starts and global_step - (args.n_step - 1) * args.num_envs >= args.batch_size:
             optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
             for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
                 metrics = update(rb.sample(args.batch_size))  # a pack: each seed's batch from its own replay
                 updates += 1
                 if updates % 100 == 0:
-                    run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()})
+                    run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()}
+                            | {"charts/learning_rate": learning_rate_at(global_step, args)})
             # DQN: the target trails the Q-network, once per interval crossed (several envs per step skip none).
             for _ in range(crossed(args.target_network_frequency, previous, global_step)):
                 target_params.lerp_(params, args.tau)

@@ -22,12 +22,11 @@ from buffers import NStepReturns, PrioritizedReplayBuffer
 from envs import TransitionRecorder, is_atari
 from harness import Run, RunArgs, clip_grad_norm, crossed, fail, parse_args
 
-# Atari ids without --config: Lapan's fast Pong settings (Deep RL Hands-On, ch. 8), Rainbow's n = 3 and eval epsilon
+# Atari ids without --config: Lapan's Pong settings (Deep RL Hands-On ch. 8), Rainbow's n = 3 and eval epsilon 0.001.
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
                     exploration_fraction=0.1, anneal_lr=False,
-                    total_timesteps=1_000_000, buffer_size=100_000, learning_starts=10_000, train_frequency=1,
-                    end_e=0.02, loss="mse", eval_epsilon=0.001, eval_frequency=100_000, checkpoint_frequency=250_000,
-                    n_step=3, alpha=0.6, beta_start=0.4)
+                    total_timesteps=1_000_000, buffer_size=100_000, learning_starts=10_000, train_frequency=1, n_step=3,
+                    end_e=0.02, loss="mse", eval_epsilon=0.001, eval_frequency=100_000, checkpoint_frequency=250_000)
 
 
 @dataclass
@@ -202,7 +201,7 @@ def main(args: Args) -> dict | list[dict]:
         previous, global_step = global_step, global_step + args.num_envs
         run.episodes(global_step, finished, {"charts/epsilon": epsilon})
 
-        if global_step > args.learning_starts and len(rb) >= args.batch_size:
+        if global_step > args.learning_starts and global_step - (args.n_step - 1) * args.num_envs >= args.batch_size:
             optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
             rb.beta = args.beta_start + annealed(global_step, args) * (1.0 - args.beta_start)  # PER: beta to 1
             for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
 
-from .args import algo_of, fail, load_checkpoint
+from .args import algo_of, fail, load_checkpoint, run_config
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .seeds import adam, seed_state_dict, stacked
 
@@ -133,8 +133,12 @@ class Run:
             fail(str(e))
 
     def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
-        """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension."""
-        return stacked(make, self.seeds)
+        """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension (a layer
+        that cannot be stacked is refused in one line, before anything is written)."""
+        try:
+            return stacked(make, self.seeds)
+        except ValueError as e:
+            fail(f"--num-seeds {len(self.seeds)}: {e}")
 
     def adam(self, parameters, **kwargs) -> torch.optim.Adam:
         """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam)."""
@@ -178,16 +182,19 @@ class Run:
             obs, counts = self._restore(state)
         configs = [asdict(self.args) | {"seed": seed, "run_name": path.name}
                    for seed, path in zip(self.seeds, self.dirs, strict=True)]
-        self.metrics, sizes, logged = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
+        self.metrics, sizes, sent = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
+        self.records = []  # each seed's records so far: the index of its next line of metrics.jsonl
         for config, path, size in zip(configs, self.dirs, sizes, strict=True):
             path.mkdir(parents=True, exist_ok=True)
             write_atomic(path / "config.yaml", lambda f, c=config: f.write(
                 yaml.safe_dump({"algo": self.algo, **c}, sort_keys=False).encode()))
-            logged.append(last_step(path / "metrics.jsonl"))  # what W&B saw before a resume
+            lines = (path / "metrics.jsonl").read_bytes() if (path / "metrics.jsonl").exists() else b""
+            sent.append(lines.count(b"\n"))  # what W&B has: every record written before the stop
+            self.records.append(lines[:size].count(b"\n"))
             self.metrics.append(open(path / "metrics.jsonl", "a", buffering=1))  # noqa: SIM115 (closed in finish)
             self.metrics[-1].truncate(size)  # drop what came after the checkpoint
         if self.args.track:
-            self._start_wandb(configs, state["wandb_ids"] if state else None, counts[0], logged)
+            self._start_wandb(configs, state["wandb_ids"] if state else None, sent)
         pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
         print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, settings in "
               f"{self.dir / 'config.yaml'}")
@@ -218,26 +225,30 @@ class Run:
         self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
         return (state["obs"].numpy() if games is None else games), state["counts"]
 
-    def _start_wandb(self, configs: list[dict], ids: list[str] | None, step: int, logged: list[int | None]) -> None:
-        """A W&B run per seed. A resumed run continues its W&B run: resume="allow" with its id (any account,
-        online or offline), and the records W&B already has (steps up to the last one logged before the stop)
-        are not sent again; --wandb-resume rewind cuts W&B's history back to the checkpoint instead (W&B's run
-        rewind, a preview feature), fork starts a new W&B run from it."""
+    def _start_wandb(self, configs: list[dict], ids: list[str] | None, sent: list[int]) -> None:
+        """A W&B run per seed, whose step is the record's line in metrics.jsonl (its x-axis global_step, a metric of
+        its own, so a record may come at any global_step: an evaluation run again after a resume included). A
+        resumed run continues its W&B run: resume="allow" with its id (any account, online or offline), and the
+        records W&B already has (the lines written before the stop, after the checkpoint too) are not sent again;
+        --wandb-resume rewind cuts W&B's history back to the checkpoint instead (W&B's run rewind, a preview
+        feature), fork starts a new W&B run from it."""
         import wandb
 
-        self.wandb, self.wandb_logged = [], [-1] * len(configs)
+        self.wandb, self.wandb_sent = [], [0] * len(configs)
         for i, (config, path) in enumerate(zip(configs, self.dirs, strict=True)):
             how = {}
             if ids and self.args.wandb_resume == "allow":
-                how, self.wandb_logged[i] = {"id": ids[i], "resume": "allow"}, -1 if logged[i] is None else logged[i]
+                how, self.wandb_sent[i] = {"id": ids[i], "resume": "allow"}, sent[i]
             elif ids and self.args.wandb_resume == "rewind":
-                how = {"resume_from": f"{ids[i]}?_step={step}"}
+                how = {"resume_from": f"{ids[i]}?_step={self.records[i]}"}
             elif ids:
-                how = {"fork_from": f"{ids[i]}?_step={step}"}
+                how = {"fork_from": f"{ids[i]}?_step={self.records[i]}"}
             self.wandb.append(wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
                                          group=self.args.wandb_group, name=path.name, config=config,
                                          dir=str(path.resolve()),  # absolute: wandb-core resolves from its own cwd
                                          save_code=True, reinit="create_new", **how))
+            self.wandb[-1].define_metric("global_step")
+            self.wandb[-1].define_metric("*", step_metric="global_step")
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.signal = self.signal or signal.Signals(signum).name
@@ -254,8 +265,9 @@ class Run:
         for i in range(len(self.dirs)) if seed is None else [seed]:
             record = {"global_step": step, **{k: float(v[i] if isinstance(v, list) else v) for k, v in metrics.items()}}
             self.metrics[i].write(json.dumps(record) + "\n")
-            if self.wandb is not None and step > self.wandb_logged[i]:
-                self.wandb[i].log(record, step=step)
+            if self.wandb is not None and self.records[i] >= self.wandb_sent[i]:
+                self.wandb[i].log(record, step=self.records[i])
+            self.records[i] += 1
 
     def episodes(self, step: int, finished: list[dict], extra: dict | None = None) -> None:
         """Log the episodes that ended at this step (envs.TransitionRecorder's), each for its seed."""
@@ -352,7 +364,8 @@ class Run:
                 if video.exists():
                     import wandb
 
-                    self.wandb[i].log({"media/video": wandb.Video(str(video))}, step=step)
+                    self.wandb[i].log({"global_step": step, "media/video": wandb.Video(str(video))},
+                                      step=self.records[i])
                 self.wandb[i].summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
                 self.wandb[i].finish()
             result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
@@ -371,18 +384,18 @@ class Run:
         seed: its row of the pack's checkpoint, which is in the first seed's directory)."""
         summary = read_json(self.dir / "summary.json") or {}
         self.step, model_file = summary.get("global_step"), self.dir / "model.pt"
-        names = summary.get("pack_dirs") or [self.dir.name]
-        holder = self.dir if len(names) == 1 else self.dir.parent / names[0]
         self.source = "model.pt" if model_file.exists() else "checkpoint.pt"
-        if not model_file.exists() and not (holder / "checkpoint.pt").exists():
+        holder = None if model_file.exists() else self._checkpoint_holder(summary.get("pack_dirs"))
+        if not model_file.exists() and holder is None:
             fail(f"{self.dir} has no model.pt, and no checkpoint.pt holds its networks: nothing to evaluate")
         try:
             if model_file.exists():
                 model = torch.load(model_file, weights_only=True)
                 model = {next(iter(self.model)): model} if len(self.model) == 1 else model
             else:
-                state = load_checkpoint(holder, self.algo)
-                row, self.step = state["dirs"].index(self.dir.name), state["counts"][0]
+                state = load_checkpoint(holder, self.algo)  # a lone run's (renamed or not), or the pack's
+                row = 0 if len(state["dirs"]) == 1 else state["dirs"].index(self.dir.name)
+                self.step = state["counts"][0]
                 model = {name: state[name] if len(state["dirs"]) == 1 else {
                     key: value[row].reshape(shape.shape) for (key, value), shape in
                     zip(state[name].items(), network.state_dict().values(), strict=True)}
@@ -391,6 +404,22 @@ class Run:
                 network.load_state_dict(model[name])
         except (OSError, KeyError, RuntimeError, ValueError) as e:
             fail(f"cannot load the networks of {self.dir} from {self.source}: {e}")
+
+    def _checkpoint_holder(self, pack_dirs: list[str] | None) -> Path | None:
+        """The directory whose checkpoint.pt holds this run's networks: its own (a lone run), or its pack's first
+        seed's, named by summary.json, else (a pack stopped before it wrote one) found beside it: the directory of
+        a checkpoint whose pack lists this one, among those of the seeds before it in the same pack."""
+        config = run_config(str(self.dir), self.algo)
+        if pack_dirs or config.get("num_seeds", 1) == 1:  # a lone run's pack_dirs: [its name when it ran]
+            holder = self.dir if not pack_dirs or len(pack_dirs) == 1 else self.dir.parent / pack_dirs[0]
+            return holder if (holder / "checkpoint.pt").exists() else None
+        seeds = range(config["seed"] - config["num_seeds"] + 1, config["seed"] + 1)  # the first seeds it could follow
+        for candidate in sorted(p.parent for p in self.dir.parent.glob("*/checkpoint.pt")):
+            other = read_yaml(candidate / "config.yaml")
+            if (other.get("algo") == self.algo and other.get("num_seeds") == config["num_seeds"]
+                    and other.get("seed") in seeds and self.dir.name in load_checkpoint(candidate, self.algo)["dirs"]):
+                return candidate
+        return None
 
     def _reevaluate(self) -> dict:
         """--evaluate: one record, evaluations/<time>.json (settings and every episode's return), the video beside
@@ -424,19 +453,13 @@ class Run:
         return record
 
 
-def last_step(metrics: Path) -> int | None:
-    """The largest global_step in a metrics.jsonl (None if there is none)."""
+def read_yaml(path: Path) -> dict:
+    """A YAML mapping from `path`, or {} when it is missing or unreadable."""
     try:
-        lines = metrics.read_text().splitlines()
-    except OSError:
-        return None
-    steps = []
-    for line in lines:
-        try:
-            steps.append(json.loads(line)["global_step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return max(steps, default=None)
+        value = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def generators(state: tuple | None = None) -> tuple:

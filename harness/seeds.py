@@ -1,21 +1,37 @@
-"""Packs of seeds: the plain networks of N seeds as one module whose parameters have a leading seed dimension.
+"""Packs of seeds: the plain networks of N seeds as one module whose tensors have a leading seed dimension.
 
     q_network = stacked(partial(QNetwork, obs_space, action_space), seeds)   # one seed: QNetwork itself
     q = q_network(obs)                            # a pack: obs [seeds, batch, ...] -> [seeds, batch, actions]
     grad_norm = clip_grad_norm(q_network.parameters(), max_norm, len(seeds))  # each seed's own norm
     model = seed_state_dict(q_network, i)         # seed i's state_dict, as the plain network's
 
-Invariant (tests/test_seeds.py checks it on the CPU): row i of everything a pack computes is, bit for bit, what
-seed i's plain network computes alone. Each seed's network is initialised under its own torch seed, as a lone
-run initialises it; nn.Linear becomes SeedLinear, whose products (forward and backward) are the ones
-nn.Linear's autograd computes for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one
-convolution); buffers get a seed dimension and a batch dimension of 1, so they broadcast over [seeds, batch, ...].
+Invariant (tests/test_seeds.py and tests/test_harness.py check it on the CPU): row i of everything a pack computes
+is, bit for bit, what seed i's plain network computes alone (convolutions: to float rounding). Each seed's network
+is initialised under its own torch seed, as a lone run initialises it, then its layers are stacked:
+
+- nn.Linear becomes SeedLinear, whose products (forward and backward) are the ones nn.Linear's autograd computes
+  for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one convolution).
+- Any other layer of torch.nn that holds parameters or buffers (nn.LayerNorm, nn.BatchNorm1d, nn.Embedding,
+  nn.PReLU, nn.GRUCell, nn.MultiheadAttention, ...) keeps its class and gets its tensors stacked [seeds, ...]; its
+  forward runs once per seed, on that seed's rows and tensors (its running statistics updated in its own row), so
+  each seed computes exactly what it computes alone. Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are
+  looked into.
+- The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer) get a seed
+  dimension and a batch dimension of 1, [seeds, 1, ...], so they broadcast over [seeds, batch, ...]: use them
+  elementwise (a layer that multiplies by its own matrix belongs in a torch.nn layer, or in a module of its own
+  built from them).
+- Refused at start, with the layer's name and type: recurrent layers (nn.RNN, nn.LSTM, nn.GRU keep flat copies of
+  their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize) and tied parameters.
+
 The plain modules need no change beyond working on any leading dimensions (nn.Flatten(-3), not Flatten(1)).
+docs/packs.md lists what a pack supports and how fast each path is.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -24,12 +40,13 @@ from torch.optim.adam import adam as adam_step
 
 
 class _SeedLinearProduct(torch.autograd.Function):
-    """x [seeds, batch, in] @ weight[s].T + bias[s], with nn.Linear's products per seed, in both directions."""
+    """x [seeds, batch, in] @ weight[s].T (+ bias[s]), with nn.Linear's products per seed, in both directions."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         # (ctx in forward, not setup_context: the latter binds the arguments with inspect at every call, 5x slower)
         ctx.save_for_backward(x, weight)
+        ctx.bias = bias is not None
         return _linear(x, weight, bias)
 
     @staticmethod
@@ -38,18 +55,20 @@ class _SeedLinearProduct(torch.autograd.Function):
         # The weight's gradient as grad^T x, the orientation nn.Linear's autograd uses; bmm's own backward
         # computes (x^T grad)^T, which rounds differently.
         grad_x = _bmm(grad, weight) if ctx.needs_input_grad[0] else None
-        return grad_x, _bmm(grad.mT, x), grad.sum(1)
+        return grad_x, _bmm(grad.mT, x), grad.sum(1) if ctx.bias else None
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Each seed's nn.Linear: batched where that gives each seed its own bits (see _batched), else seed by seed."""
     if _batched(x, weight.mT, bias):
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
+        return torch.bmm(x, weight.mT) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, weight.mT)
+    if bias is None:
+        return torch.stack([xs.clone().mm(w.clone().t()) for xs, w in zip(x, weight, strict=True)])
     rows = zip(x, weight, bias, strict=True)  # each seed's tensors as a lone run allocates them (aligned)
     return torch.stack([torch.addmm(b.clone(), xs.clone(), w.clone().t()) for xs, w, b in rows])
 
 
-_BATCHED: dict[tuple, bool] = {}  # (shapes, layouts, dtype, with a bias) -> whether the batched product is exact
+_BATCHED: dict[tuple, bool] = {}  # (shapes, layouts, dtype, bias, threads) -> whether the batched product is exact
 
 
 def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -58,9 +77,10 @@ def _batched(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None)
     on the shapes and on the kernels torch picks (a naive one under 400 multiply-adds, a matrix-vector one for one
     column, MKL's batched and single products, which round the edges of some shapes, and of rows that do not start
     on a 64-byte boundary, differently): it is found once per shape and layout by computing both on random
-    matrices laid out as a and b. Otherwise one product per seed. On CUDA, and inside torch.compile, always batched
-    (a seed in a pack is not claimed equal to it alone there)."""
-    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, bias is None)  # (cheap: this runs at every product)
+    matrices laid out as a and b, at the thread count of the moment (MKL splits a product among its threads: with 4
+    it rounds shapes that it does not with 1). Otherwise one product per seed. On CUDA, and inside torch.compile,
+    always batched (a seed in a pack is not claimed equal to it alone there)."""
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, bias is None, torch.get_num_threads())  # (cheap)
     if key in _BATCHED:
         return _BATCHED[key]
     if a.device.type != "cpu" or torch.compiler.is_compiling():
@@ -88,33 +108,129 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class SeedLinear(nn.Module):
-    """The nn.Linear of each seed of a pack: [seeds, batch, in] -> [seeds, batch, out]."""
+    """The nn.Linear of each seed of a pack: [seeds, ..., in] -> [seeds, ..., out] (with or without a bias)."""
 
     def __init__(self, layers: list[nn.Linear]):
         super().__init__()
         self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in]
-        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))  # [seeds, out]
+        bias = None if layers[0].bias is None else nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+        self.bias = bias  # [seeds, out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape  # a lone nn.Linear multiplies its input's leading dimensions as one batch too
+        x = x.reshape(shape[0], -1, shape[-1]) if x.dim() != 3 else x
         if not torch.is_grad_enabled():  # acting, targets: no graph to record (saves the Function's overhead)
-            return _linear(x, self.weight, self.bias)
-        return _SeedLinearProduct.apply(x, self.weight, self.bias)
+            y = _linear(x, self.weight, self.bias)
+        else:
+            y = _SeedLinearProduct.apply(x, self.weight, self.bias)
+        return y if len(shape) == 3 else y.reshape(*shape[:-1], y.shape[-1])
 
 
 class SeedConv2d(nn.Module):
-    """The nn.Conv2d of each seed: [seeds, batch, C, H, W] in and out, the seeds as groups of one convolution."""
+    """The nn.Conv2d of each seed: [seeds, batch, C, H, W] in and out, the seeds as groups of one convolution (the
+    layer's own groups within each seed's); stride, padding (any padding_mode), dilation and bias as the layer's."""
 
     def __init__(self, layers: list[nn.Conv2d]):
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in, k, k]
-        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
-        self.stride, self.padding = layers[0].stride, layers[0].padding
+        c = layers[0]
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in/g, ...]
+        self.bias = None if c.bias is None else nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+        self.stride, self.padding, self.dilation, self.groups = c.stride, c.padding, c.dilation, c.groups
+        self.padding_mode, self.pad = c.padding_mode, c._reversed_padding_repeated_twice
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seeds = x.shape[0]
-        x = F.conv2d(x.transpose(0, 1).flatten(1, 2), self.weight.flatten(0, 1), self.bias.flatten(), self.stride,
-                     self.padding, groups=seeds)
+        x, padding = x.transpose(0, 1).flatten(1, 2), self.padding
+        if self.padding_mode != "zeros":  # as nn.Conv2d pads: each channel on its own, then no padding
+            x, padding = F.pad(x, self.pad, mode=self.padding_mode), 0
+        x = F.conv2d(x, self.weight.flatten(0, 1), None if self.bias is None else self.bias.flatten(), self.stride,
+                     padding, self.dilation, self.groups * seeds)
         return x.unflatten(1, (seeds, -1)).transpose(0, 1)
+
+
+def _each_seed(module: nn.Module, plain: nn.Module, *inputs, **options):
+    """A layer's forward in a pack: once per seed, `plain` (the layer on the meta device) given that seed's rows of
+    the inputs and of the layer's stacked tensors. Parameters and inputs go in as a lone run allocates them (a row
+    that does not start on a 64-byte boundary as a copy: some kernels round such rows differently), with their
+    gradients flowing back into the stack; buffers as views, so a running statistic is updated in its seed's row."""
+    if plain.training != module.training:
+        plain.train(module.training)
+    slots = [(getattr(plain_sub, kind), name, kind == "_parameters", value.unbind(0))
+             for sub, plain_sub in zip(module.modules(), plain.modules(), strict=True)
+             for kind in ("_parameters", "_buffers") for name, value in getattr(sub, kind).items() if value is not None]
+    outputs = []
+    for i in range(len(slots[0][3])):
+        for tensors, name, parameter, rows in slots:
+            tensors[name] = _aligned(rows[i]) if parameter else rows[i]
+        copies: dict[int, torch.Tensor] = {}  # one row per input tensor (a layer may check `query is key`)
+        for x in (*inputs, *options.values()):
+            if isinstance(x, torch.Tensor) and id(x) not in copies:
+                copies[id(x)] = _aligned(x[i])
+        outputs.append(plain(*[copies[id(x)] if isinstance(x, torch.Tensor) else x for x in inputs],
+                             **{k: copies[id(x)] if isinstance(x, torch.Tensor) else x for k, x in options.items()}))
+    return _stack_outputs(outputs)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x, or a contiguous copy of it where it is not contiguous or does not start on a 64-byte boundary."""
+    return x if x.is_contiguous() and x.data_ptr() % 64 == 0 else x.clone(memory_format=torch.contiguous_format)
+
+
+def _stack_outputs(outputs: list):
+    """The seeds' outputs stacked on a leading dimension: tensors, and tuples or lists of them (None stays None)."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(outputs)
+    if isinstance(first, tuple | list):
+        return type(first)(_stack_outputs(list(parts)) for parts in zip(*outputs, strict=True))
+    return first
+
+
+def _per_seed(layer: nn.Module, copies: list[nn.Module]) -> nn.Module:
+    """`layer` (copies[0]) with every tensor it holds stacked from the seeds' copies, [seeds, ...], and a forward
+    that runs once per seed (_each_seed)."""
+    plain = copy.deepcopy(layer).to("meta")  # the layer's code and settings; its tensors are replaced at each call
+    for sub, subs in zip(layer.modules(), zip(*(c.modules() for c in copies), strict=True), strict=True):
+        _stack_own(sub, list(subs), batch=False)
+    layer.forward = partial(_each_seed, layer, plain)  # the instance's forward; the class's stays the plain one
+    return layer
+
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+REFUSED = (nn.RNNBase, nn.modules.lazy.LazyModuleMixin)
+
+
+def _is_torch_layer(module: nn.Module) -> bool:
+    """A layer of torch.nn, or a subclass of one (not a container, not a plain nn.Module of the user's)."""
+    return any(cls.__module__.startswith("torch.nn") for cls in type(module).__mro__
+               if cls not in (nn.Module, object, *CONTAINERS))
+
+
+def _stacked_layer(module: nn.Module, copies: list[nn.Module]) -> nn.Module:
+    """`module` (copies[0]) as the pack's: its layers replaced or stacked, its own tensors [seeds, 1, ...]."""
+    if type(module) is nn.Linear:
+        return SeedLinear(copies)
+    if type(module) is nn.Conv2d:
+        return SeedConv2d(copies)
+    if _is_torch_layer(module):
+        has_state = any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+        return _per_seed(module, copies) if has_state else module
+    for child_name, child in list(module.named_children()):
+        module._modules[child_name] = _stacked_layer(child, [c.get_submodule(child_name) for c in copies])
+    _stack_own(module, copies, batch=True)  # the user's own tensors: they broadcast over the batch
+    return module
+
+
+def _stack_own(module: nn.Module, copies: list[nn.Module], batch: bool) -> None:
+    """The module's own parameters and buffers replaced by the copies' stacked, [seeds, ...] ([seeds, 1, ...] with
+    `batch`), parameters as parameters."""
+    for kind in ("_parameters", "_buffers"):
+        for name, value in list(getattr(module, kind).items()):
+            if value is not None:
+                stack = torch.stack([getattr(c, kind)[name].detach() for c in copies])
+                stack = stack.unsqueeze(1) if batch else stack
+                getattr(module, kind)[name] = nn.Parameter(stack, value.requires_grad) if kind == "_parameters" \
+                    else stack
 
 
 def seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -126,26 +242,23 @@ def seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
 
 def stacked(make: Callable[[], nn.Module], seeds: list[int]) -> nn.Module:
     """make() for one seed, initialised under that torch seed; for several, each seed's make() stacked into one
-    module (see the module docstring). `seed_shapes` on a stacked module maps each tensor of its state_dict to
-    its shape in the plain network."""
+    module (see the module docstring): a layer it cannot stack is a ValueError naming it, before anything runs.
+    `seed_shapes` on a stacked module maps each tensor of its state_dict to its shape in the plain network."""
     networks = [seeded(make, seed) for seed in seeds]
     if len(networks) == 1:
         return networks[0]
-    pack = networks[0]
+    pack, owners = networks[0], {}
+    for name, module in pack.named_modules(remove_duplicate=False):
+        if isinstance(module, REFUSED) or torch.nn.utils.parametrize.is_parametrized(module):
+            raise ValueError(f"{name or 'the network'} ({type(module).__name__}): recurrent, lazy and parametrized "
+                             "layers cannot be stacked on a seed dimension (docs/packs.md)")
+        for tensor_name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+            full = f"{name}.{tensor_name}" if name else tensor_name
+            if tensor is not None and owners.setdefault(id(tensor), full) != full:
+                raise ValueError(f"{full} ({type(module).__name__}): tied to {owners[id(tensor)]}; tied or shared "
+                                 "tensors cannot be stacked on a seed dimension (docs/packs.md)")
     plain = {name: tensor.shape for name, tensor in pack.state_dict().items()}
-    for name, layer in list(pack.named_modules()):
-        if type(layer) in (nn.Linear, nn.Conv2d):
-            if layer.bias is None:
-                raise ValueError(f"{name}: a layer without a bias cannot be stacked")
-            seed_layer = SeedLinear if isinstance(layer, nn.Linear) else SeedConv2d
-            pack.set_submodule(name, seed_layer([network.get_submodule(name) for network in networks]))
-        elif isinstance(layer, nn.Conv1d | nn.Conv3d | nn.ConvTranspose2d | nn.Bilinear | nn.RNNBase | nn.BatchNorm2d):
-            raise ValueError(f"{name}: {type(layer).__name__} layers cannot be stacked on a seed dimension")
-    for name, _ in list(pack.named_buffers()):
-        module_name, _, buffer_name = name.rpartition(".")
-        module = pack.get_submodule(module_name)
-        stack = torch.stack([network.get_buffer(name) for network in networks]).unsqueeze(1)
-        module.register_buffer(buffer_name, stack)
+    pack = _stacked_layer(pack, networks)
     pack.seed_shapes = plain
     return pack
 
@@ -161,7 +274,8 @@ def seed_state_dict(network: nn.Module, i: int) -> dict[str, torch.Tensor]:
 
 
 class SeedAdam(torch.optim.Adam):
-    """torch.optim.Adam (fused) over a pack's stacked parameters that steps each seed as a lone run's Adam would.
+    """torch.optim.Adam (fused) over a pack's stacked parameters that steps each seed as a lone run's Adam would,
+    with Adam's options (amsgrad, weight_decay, decoupled_weight_decay, maximize, a closure).
 
     The fused CPU kernel computes the last (numel % vector width) entries of a tensor with scalar code that rounds
     differently from its vector lanes, so a small tensor (an output layer's bias: [actions] alone, [seeds, actions]
@@ -176,8 +290,13 @@ class SeedAdam(torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
-            tensors: list[list[torch.Tensor]] = [[], [], [], [], []]  # params, grads, exp_avgs, exp_avg_sqs, steps
+            amsgrad = group["amsgrad"]
+            tensors: list[list[torch.Tensor]] = [[], [], [], [], [], []]  # params, grads, moments, max, steps
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -186,13 +305,17 @@ class SeedAdam(torch.optim.Adam):
                 if not state:
                     state["step"] = torch.zeros(() if whole else self.seeds, dtype=torch.float32, device=p.device)
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                parts = (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])
+                    if amsgrad:
+                        state["max_exp_avg_sq"] = torch.zeros_like(p)
+                parts = (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"), state["step"])
                 for out, part in zip(tensors, parts, strict=True):
-                    out.extend([part] if whole else part.unbind(0))
+                    if part is not None:
+                        out.extend([part] if whole else part.unbind(0))
             beta1, beta2 = group["betas"]
-            adam_step(*tensors[:4], [], tensors[4], fused=group["fused"], capturable=group["capturable"],
-                      amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-                      eps=group["eps"], maximize=group["maximize"])
+            adam_step(*tensors, fused=group["fused"], capturable=group["capturable"], amsgrad=amsgrad, beta1=beta1,
+                      beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                      maximize=group["maximize"], decoupled_weight_decay=group.get("decoupled_weight_decay", False))
+        return loss
 
 
 def adam(parameters: Iterable[torch.Tensor], seeds: int = 1, **kwargs) -> torch.optim.Adam:
@@ -207,6 +330,8 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, seeds: i
     Each norm is taken of each seed's own rows, as contiguous tensors of the plain network's shapes (a reduction
     over the rows of a [seeds, n] tensor may add in another order), so a seed clips as it would alone."""
     grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:  # as nn.utils.clip_grad_norm_: nothing to clip, a norm of 0
+        return torch.zeros(()) if seeds == 1 else torch.zeros(seeds)
     if seeds == 1:
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))

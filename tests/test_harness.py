@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import harness.run
+import harness.seeds
 from harness import SeedAdam, SeedConv2d, SeedLinear, clip_grad_norm, seed_state_dict, stacked
 from harness.args import RunArgs, instance
 from harness.files import read_json, write_atomic, write_json_atomic
@@ -91,8 +93,155 @@ def test_stacked_is_the_plain_network_for_one_seed_and_each_seeds_for_a_pack():
         assert all(v.untyped_storage().nbytes() == v.numel() * v.element_size() for v in state.values())
         assert torch.equal(pack(x)[i], alone(x[i]))
         Scaled().load_state_dict(state)
-    with pytest.raises(ValueError, match="cannot be stacked"):
-        stacked(partial(nn.Conv1d, 2, 2, 3), [1, 2])
+
+
+class Researchers(nn.Module):
+    """A network as a researcher writes one: an embedding of a discrete input, LayerNorm, PReLU, a Linear without a
+    bias, BatchNorm1d (running statistics), a bare parameter used elementwise and a registered buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.net = nn.Sequential(nn.Linear(7, 64), nn.LayerNorm(64), nn.PReLU(), nn.Linear(64, 64, bias=False),
+                                 nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 2))
+        self.temperature = nn.Parameter(torch.rand(2) + 0.5)
+        self.register_buffer("offset", torch.tensor([0.5, -0.5]))
+
+    def forward(self, x, k):
+        return self.net(torch.cat([x, self.embed(k)], -1)) * self.temperature + self.offset
+
+
+def test_a_pack_of_a_researchers_network_steps_each_seed_as_alone():
+    """Seeds 1-3 of Researchers packed, 20 Adam steps on random batches (seed 0): each seed's outputs, gradients
+    and state_dict (BatchNorm's running statistics included) equal its plain network's, stepped alone, bit for bit.
+    Fails if a layer's tensors are shared by the seeds (the first seed's LayerNorm for all) or stepped together."""
+    seeds = [1, 2, 3]
+    pack, alone = stacked(Researchers, seeds), [stacked(Researchers, [seed]) for seed in seeds]
+    optimizer = SeedAdam(pack.parameters(), 3, lr=1e-2, fused=True)
+    lone = [torch.optim.Adam(network.parameters(), lr=1e-2, fused=True) for network in alone]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        x, k = torch.randn(3, 32, 4, generator=generator), torch.randint(5, (3, 32), generator=generator)
+        optimizer.zero_grad()
+        out = pack(x, k)
+        out.square().flatten(1).mean(-1).sum().backward()  # each seed its own loss
+        optimizer.step()
+        for i, (network, adam) in enumerate(zip(alone, lone, strict=True)):
+            adam.zero_grad()
+            y = network(x[i].clone(), k[i].clone())
+            y.square().mean().backward()
+            adam.step()
+            assert torch.equal(out[i], y)
+    for i, network in enumerate(alone):
+        state = seed_state_dict(pack, i)
+        assert state.keys() == network.state_dict().keys()
+        assert all(torch.equal(state[key], value) for key, value in network.state_dict().items()), i
+        Researchers().load_state_dict(state)
+    assert not torch.equal(seed_state_dict(pack, 0)["net.1.weight"], seed_state_dict(pack, 1)["net.1.weight"])
+
+
+@pytest.mark.parametrize("make, shape", [
+    (partial(nn.GRUCell, 17, 33), (5, 17)), (partial(nn.MultiheadAttention, 16, 2, batch_first=True), (4, 6, 16)),
+    (partial(nn.Conv1d, 3, 5, 3), (4, 3, 10)), (partial(nn.BatchNorm2d, 3), (4, 3, 5, 5)),
+    (partial(nn.GroupNorm, 2, 4), (4, 4, 5)), (partial(nn.PReLU, 6), (4, 6)),
+    (partial(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True), (4, 6, 16)),
+])
+def test_any_torch_layer_with_tensors_runs_once_per_seed_exactly(make, shape):
+    """A torch.nn layer with no hand-written pack (a generic path: its forward once per seed, on the seed's rows and
+    tensors): each seed's output and parameter gradients equal the layer alone, bit for bit (inputs of seed 0)."""
+    seeds = [1, 2, 3]
+    pack, alone = stacked(make, seeds), [stacked(make, [seed]) for seed in seeds]
+    x = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    multihead = isinstance(alone[0], nn.MultiheadAttention)
+    out = pack(x, x, x)[0] if multihead else pack(x)
+    out.sum().backward()
+    for i, network in enumerate(alone):
+        xi = x[i].clone()
+        y = network(xi, xi, xi)[0] if multihead else network(xi)
+        y.sum().backward()
+        assert torch.equal(out[i], y)
+        for stack, single in zip(pack.parameters(), network.parameters(), strict=True):
+            assert torch.equal(stack.grad[i], single.grad)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+        self.b.weight = self.a.weight
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.LSTM(8, 8))
+
+
+@pytest.mark.parametrize("make, message", [
+    (Recurrent, "body.1 (LSTM): recurrent, lazy and parametrized layers cannot be stacked"),
+    (partial(nn.LazyLinear, 3), "the network (LazyLinear): recurrent, lazy"),
+    (lambda: nn.utils.parametrizations.weight_norm(nn.Linear(3, 3)), "the network (ParametrizedLinear)"),
+    (Tied, "b.weight (Linear): tied to a.weight"),
+])
+def test_a_layer_that_cannot_be_stacked_is_refused_with_its_name(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        stacked(make, [1, 2])
+    stacked(make, [1])  # one seed: the plain network, whatever it holds
+
+
+def test_a_pack_of_an_unstackable_network_stops_before_anything_is_written(monkeypatch):
+    monkeypatch.setattr(dqn, "QNetwork", lambda *spaces: Recurrent())
+    with pytest.raises(SystemExit, match=r"^error: --num-seeds 2: body.1 \(LSTM\): recurrent"):
+        dqn.main(tiny_args(dqn, num_seeds=2))
+    assert not Path("runs").exists()
+
+
+@pytest.mark.parametrize("options", [dict(padding=1, padding_mode="circular"), dict(dilation=2), dict(groups=2),
+                                     dict(bias=False), dict(padding="same"), dict(padding=2, padding_mode="reflect",
+                                                                                  stride=2)])
+def test_a_seed_conv_has_the_layers_padding_dilation_groups_and_bias(options):
+    """SeedConv2d computes each seed's nn.Conv2d with the layer's own settings (to float rounding). Fails if
+    padding_mode is ignored (circular padding wraps the edges) or dilation/groups are dropped."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(4, 6, 3, **options) for _ in range(3)]
+    x = torch.randn(3, 2, 4, 9, 9)
+    out = SeedConv2d(layers)(x)
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(out[i], layer(x[i]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_seed_linear_takes_any_leading_dimensions_and_no_bias():
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 5, bias=False) for _ in range(3)]
+    x = torch.randn(3, 4, 7, 6)
+    out = SeedLinear(layers)(x)
+    assert out.shape == (3, 4, 7, 5)
+    assert all(torch.equal(out[i], layer(x[i].clone())) for i, layer in enumerate(layers))
+
+
+@pytest.mark.parametrize("batch, inputs, outputs", [(256, 17, 256), (256, 256, 17), (256, 23, 256)])
+def test_a_seed_linear_is_exact_after_the_thread_count_changes(monkeypatch, batch, inputs, outputs):
+    """Products checked at 1 thread, then run at 4 (as two main() calls in one process with --threads 1 and 4):
+    forward and backward of each row still equal nn.Linear's at 4 threads. Fails if the check of a shape is kept
+    across thread counts (MKL's batched products with 17 inputs round otherwise at 4 threads)."""
+    monkeypatch.setattr(harness.seeds, "_BATCHED", {})
+    torch.manual_seed(0)
+    layers = [nn.Linear(inputs, outputs) for _ in range(3)]
+    pack = SeedLinear(layers)
+    x, grad = torch.randn(3, batch, inputs, requires_grad=True), torch.randn(3, batch, outputs)
+    torch.set_num_threads(1)
+    pack(x).backward(grad)
+    torch.set_num_threads(4)
+    pack.zero_grad()
+    x.grad = None
+    out = pack(x)
+    out.backward(grad)
+    for i, layer in enumerate(layers):
+        xi = x.detach()[i].clone().requires_grad_()
+        alone = layer(xi)
+        alone.backward(grad[i].clone())
+        assert torch.equal(out[i], alone) and torch.equal(x.grad[i], xi.grad)
+        assert torch.equal(pack.weight.grad[i], layer.weight.grad) and torch.equal(pack.bias.grad[i], layer.bias.grad)
 
 
 @pytest.mark.parametrize("size", [2, 3, 6, 9, 18, 64, 256])
@@ -114,6 +263,46 @@ def test_seed_adam_and_clipping_step_each_seed_as_alone(size):
             assert torch.equal(clip_grad_norm([row], 1.0), norms[i])
             adam.step()
     assert all(torch.equal(pack.detach()[i], row.detach()) for i, row in enumerate(rows))
+
+
+@pytest.mark.parametrize("options", [dict(amsgrad=True), dict(weight_decay=0.1), dict(weight_decay=0.1,
+                                     decoupled_weight_decay=True), dict(maximize=True), dict(betas=(0.5, 0.9))])
+def test_seed_adam_takes_adams_options(options):
+    """SeedAdam with amsgrad, (decoupled) weight decay, maximize or other betas steps each seed as torch.optim.Adam
+    with the same options steps it alone, bit for bit (15 steps, seed 0). Fails if an option is dropped."""
+    torch.manual_seed(0)
+    pack = nn.Parameter(torch.randn(3, 70))
+    rows = [nn.Parameter(pack.detach()[i].clone()) for i in range(3)]
+    optimizer = SeedAdam([pack], 3, lr=1e-2, fused=True, **options)
+    alone = [torch.optim.Adam([row], lr=1e-2, fused=True, **options) for row in rows]
+    for _ in range(15):
+        grad = torch.randn(3, 70)
+        pack.grad = grad.clone()
+        optimizer.step()
+        for i, (row, adam) in enumerate(zip(rows, alone, strict=True)):
+            row.grad = grad[i].clone()
+            adam.step()
+    assert all(torch.equal(pack.detach()[i], row.detach()) for i, row in enumerate(rows))
+
+
+def test_seed_adam_calls_the_closure_and_returns_its_loss():
+    pack = nn.Parameter(torch.ones(2, 3))
+    optimizer = SeedAdam([pack], 2, lr=0.1, fused=True)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = pack.square().sum()
+        loss.backward()
+        return loss
+
+    assert optimizer.step(closure).item() == 6.0 and (pack < 1).all()
+
+
+def test_clipping_without_gradients_gives_a_norm_of_zero():
+    """As nn.utils.clip_grad_norm_: no parameter with a gradient is a norm of 0, not an error."""
+    parameters = [nn.Parameter(torch.ones(2, 3))]
+    assert torch.equal(clip_grad_norm(parameters, 1.0), nn.utils.clip_grad_norm_(parameters, 1.0))
+    assert torch.equal(clip_grad_norm(parameters, 1.0, 2), torch.zeros(2))
 
 
 # ---- arguments ----------------------------------------------------------------------------------------------
@@ -218,6 +407,32 @@ def test_evaluate_finds_a_packs_seed_in_the_packs_checkpoint():
     record = dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))
     assert record["networks"] == "checkpoint.pt" and record["seed"] == 2
     assert record["returns"] == summaries[1]["eval_returns"] and record["global_step"] == 400
+
+
+def test_evaluate_finds_the_packs_checkpoint_when_the_pack_was_killed_before_its_summaries(monkeypatch):
+    """Seed 2 of a pack of 2 with --no-save-model, killed after its last checkpoint and before any summary.json:
+    --evaluate finds the checkpoint that holds it (seed 1's directory, beside it) and evaluates its row. Fails if
+    the pack's directories are known only from a summary.json."""
+    def killed(value, path):
+        raise KeyboardInterrupt  # the kill, as the first summary.json is written
+
+    monkeypatch.setattr(harness.run, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dqn.main(tiny_args(dqn, run_name="pack", num_seeds=2, save_model=False, checkpoint_frequency=200))
+    monkeypatch.setattr(harness.run, "write_json_atomic", write_json_atomic)
+    assert not list(Path("runs").glob("*/summary.json")) and Path("runs/pack__1/checkpoint.pt").exists()
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))
+    assert record["networks"] == "checkpoint.pt" and record["seed"] == 2 and record["global_step"] == 400
+    assert record["returns"] == dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))["returns"]
+
+
+def test_evaluate_of_a_renamed_copy_of_a_run_without_model_pt_reads_its_checkpoint():
+    """A single run with --no-save-model, copied under another name: --evaluate of the copy loads the checkpoint
+    (saved under the old name) and plays the final evaluation again. Fails if the row is looked up by name."""
+    summary = dqn.main(tiny_args(dqn, run_name="r", save_model=False, checkpoint_frequency=400))
+    shutil.copytree("runs/r", "runs/renamed")
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/renamed"]))
+    assert record["networks"] == "checkpoint.pt" and record["returns"] == summary["eval_returns"]
 
 
 def test_a_kill_during_a_write_leaves_the_previous_file(tmp_path):

@@ -265,18 +265,19 @@ def test_a_total_below_the_step_reached_is_refused(tmp_path):
 # ---- W&B ---------------------------------------------------------------------------------------------------
 
 
-def wandb_steps(run_dir: Path) -> dict[str, list[list[int]]]:
-    """The steps of every history record in a run directory's offline W&B files, per W&B run id, one list per
-    file (a resumed run adds a file). Read from the files themselves: LevelDB-style log records (32 KiB blocks,
-    7-byte headers) of wandb's protobuf Records, after a 7-byte file header. A run record that asks W&B to
-    rewind or fork a run (a branch point: W&B's run rewind, a preview feature) fails the test."""
+def wandb_history(run_dir: Path) -> dict[str, list[list[dict]]]:
+    """Every history record in a run directory's offline W&B files, per W&B run id, one list per file (a resumed
+    run adds a file), each record as a dict of its items (`_step`, `global_step`, the tags). Read from the files
+    themselves: LevelDB-style log records (32 KiB blocks, 7-byte headers) of wandb's protobuf Records, after a
+    7-byte file header. A run record that asks W&B to rewind or fork a run (a branch point: W&B's run rewind, a
+    preview feature) fails the test."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    found: dict[str, list[list[int]]] = {}
+    found: dict[str, list[list[dict]]] = {}
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        data, pos, chunks, steps = path.read_bytes(), 7, b"", []
+        data, pos, chunks, history = path.read_bytes(), 7, b"", []
         while pos + 7 <= len(data):
             left = 32768 - pos % 32768
             _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
@@ -290,23 +291,47 @@ def wandb_steps(run_dir: Path) -> dict[str, list[list[int]]]:
                 chunks = b""
                 items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
                 if record.WhichOneof("record_type") == "history" and "_step" in items:
-                    steps.append(int(items["_step"]))
+                    history.append({key: json.loads(value) for key, value in items.items()
+                                    if not key.startswith("_") or key == "_step"})
                 if record.WhichOneof("record_type") == "run":
                     assert not record.run.HasField("branch_point"), record.run.branch_point
-        found.setdefault(path.stem.removeprefix("run-"), []).append(steps)
+        found.setdefault(path.stem.removeprefix("run-"), []).append(history)
     return found
 
 
-@pytest.mark.slow  # W&B's service starts twice
-def test_a_resumed_wandb_run_continues_with_each_step_once(monkeypatch, tmp_path):
-    """--track, SIGTERM at step 250 (after the last checkpoint, at 200), --resume: offline, with the real wandb,
-    the resumed W&B run has the first run's id and its records start after the last step the first one logged
-    (the first run's last record, between 200 and 250), so the run's history (both offline files) holds each step
-    once, the steps of metrics.jsonl, and ends at the final step. Fails if the resumed run starts a new W&B run,
-    logs the steps between the checkpoint and the stop again, or needs W&B's run rewind (resume_from)."""
+def wandb_files(run_dir: Path, last_step: int) -> list[list[dict]]:
+    """The two offline files of the run's one W&B run, once the second one's history reaches `last_step` (wandb-core
+    may write the last records a moment after finish(); up to a minute)."""
+    deadline = time.monotonic() + 60
+    while True:
+        runs = wandb_history(run_dir)
+        files = next(iter(runs.values())) if len(runs) == 1 else []
+        if (len(files) == 2 and files[1] and files[1][-1]["global_step"] == last_step) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(runs) == 1 and len(files) == 2, runs  # one W&B run, written by two processes
+    return files
+
+
+def wandb_offline(monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB__SERVICE_WAIT", "300")
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "300")  # a loaded CI machine can be slow to start wandb-core
+
+
+def without_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in record.items() if k not in ("_step", "charts/SPS")} for record in history]
+
+
+@pytest.mark.slow  # W&B's service starts twice
+def test_a_resumed_wandb_run_continues_with_each_record_once(monkeypatch, tmp_path):
+    """--track, SIGTERM at step 250 (after the last checkpoint, at 200), --resume: offline, with the real wandb,
+    the resumed W&B run has the first run's id, W&B's step is the record's line in metrics.jsonl, and the resumed
+    run's records start after the last one the first run sent (between steps 200 and 250), so the run's history
+    (both offline files) holds each record of metrics.jsonl once, in order, and ends at the final step. Fails if the
+    resumed run starts a new W&B run, sends the records between the checkpoint and the stop again, or needs W&B's
+    run rewind (resume_from)."""
+    wandb_offline(monkeypatch)
     count = [0]
     record = ALGOS["dqn"].TransitionRecorder.record
 
@@ -321,20 +346,41 @@ def test_a_resumed_wandb_run_continues_with_each_step_once(monkeypatch, tmp_path
     assert ALGOS["dqn"].main(args_for("dqn", **changes))["interrupted"]
     monkeypatch.setattr(ALGOS["dqn"].TransitionRecorder, "record", record)
     resume("dqn", tmp_path / "runs" / "r")
-    deadline = time.monotonic() + 60  # wandb-core may write the last records a moment after finish()
-    while True:
-        runs = wandb_steps(tmp_path / "runs" / "r")
-        files = next(iter(runs.values())) if len(runs) == 1 else []
-        if (len(files) == 2 and files[1] and files[1][-1] == 400) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert len(runs) == 1 and len(files) == 2, runs  # one W&B run, written by two processes
-    first, second = files
-    assert 200 < first[-1] <= 250 and min(second) > first[-1] and second[-1] == 400
-    steps = first + second
-    assert steps == sorted(set(steps))  # each step once, in order
-    logged = [r["global_step"] for r in records(tmp_path / "runs" / "r")]
-    assert logged == sorted(logged) and sorted(set(logged)) == steps  # the same steps as metrics.jsonl
+    first, second = wandb_files(tmp_path / "runs" / "r", 400)
+    assert 200 < first[-1]["global_step"] <= 250 and second[0]["global_step"] >= first[-1]["global_step"]
+    history = first + second
+    assert [r["_step"] for r in history] == list(range(len(history)))  # each record once, in order
+    logged = [json.loads(line) for line in (tmp_path / "runs" / "r" / "metrics.jsonl").open()]
+    assert without_times(history) == without_times(logged)  # the records of metrics.jsonl
+
+
+@pytest.mark.slow  # W&B's service starts twice
+@pytest.mark.parametrize("total", [2000, 1000], ids=["periodic", "final"])
+def test_an_evaluation_cut_short_by_a_signal_reaches_wandb_after_resume(monkeypatch, tmp_path, total):
+    """A pack of 2 with --track, SIGTERM as the evaluation at step 1000 starts (a periodic one, of 2000 steps, or
+    the final one), --resume: each seed's W&B history gets that evaluation's eval/episodic_return at step 1000,
+    once, as metrics.jsonl does. Fails if the resumed run drops it for W&B because W&B already has a record at
+    that step (the SPS record, written every 1000 steps before the evaluation)."""
+    wandb_offline(monkeypatch)
+    evaluate = harness.run.evaluate
+
+    def stopped(*args, **kwargs):  # the signal lands as the evaluation starts: it is cut short, left due
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(harness.run, "evaluate", stopped)
+    changes = dict(run_name="r", track=True, total_timesteps=total, eval_frequency=1000 if total > 1000 else 0,
+                   num_seeds=2)
+    assert all(s["interrupted"] for s in ALGOS["dqn"].main(args_for("dqn", **changes)))
+    monkeypatch.setattr(harness.run, "evaluate", evaluate)
+    resume("dqn", tmp_path / "runs" / "r__1")
+    for seed in (1, 2):
+        run = tmp_path / "runs" / f"r__{seed}"
+        history = [r for file in wandb_files(run, total) for r in file]
+        logged = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        evaluations = [r["global_step"] for r in history if "eval/episodic_return" in r]
+        assert evaluations == [r["global_step"] for r in logged if "eval/episodic_return" in r] and 1000 in evaluations
+        assert [r["_step"] for r in history] == list(range(len(logged)))
 
 
 # ---- small guards ------------------------------------------------------------------------------------------

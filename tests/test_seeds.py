@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from tensordict import TensorDict, from_module
 
 from envs import env_seeds
@@ -109,6 +110,64 @@ def test_a_seed_in_a_pack_trains_exactly_as_alone(name):
         module.QNetwork(env.observation_space, env.action_space).load_state_dict(pack[0])
     sizes = [os.path.getsize(f"runs/{run}/model.pt") for run in ("pack__2", "alone")]
     assert abs(sizes[0] - sizes[1]) < 1000, sizes  # a view of the stack would save the whole pack: 3x
+
+
+class WithLayerNorm(nn.Module):
+    """A researcher's Q-network for dqn.py: LayerNorm after each hidden layer (as in many recent off-policy papers)."""
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Discrete):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(int(np.prod(observation_space.shape)), 64), nn.LayerNorm(64), nn.ReLU(),
+                                 nn.Linear(64, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, int(action_space.n)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float())
+
+
+@pack_runs
+def test_a_networks_with_layer_norm_trains_each_seed_of_a_pack_as_alone(monkeypatch):
+    """dqn.py with WithLayerNorm as its QNetwork: seed 2 of a pack of 3 ends with the model.pt, metrics and
+    evaluation returns of seed 2 alone, bit for bit, and seeds 1 and 2 end with different LayerNorm weights. Fails
+    if the LayerNorm is not stacked (every seed would train the first seed's)."""
+    module = ALGOS["dqn"]
+    monkeypatch.setattr(module, "QNetwork", WithLayerNorm)
+    common = dict(num_envs=2, total_timesteps=1200, eval_frequency=600, save_model=True)
+    module.main(tiny_args(module, seed=1, num_seeds=3, run_name="pack", **common))
+    module.main(tiny_args(module, seed=2, run_name="alone", **common))
+    pack, alone = outcome(Path("runs/pack__2")), outcome(Path("runs/alone"))
+    assert_same(pack, alone, episodes=2)
+    first = torch.load("runs/pack__1/model.pt", weights_only=True)
+    assert not torch.equal(first["net.1.weight"], pack[0]["net.1.weight"])
+    env = gym.make("CartPole-v1")
+    WithLayerNorm(env.observation_space, env.action_space).load_state_dict(pack[0])
+
+
+@pack_runs
+def test_an_nstep_packs_seeds_start_learning_as_alone():
+    """n-step DQN, seeds 1-3 packed, learning from step 0 on batches of 22: seed 3 makes as many updates as alone
+    and ends with the same model.pt. Fails if a pack waits for its slowest seed's n-step windows (the buffer's count
+    is the smallest over the seeds: seed 3 made 97 updates in the pack against 99 alone)."""
+    module = ALGOS["nstep_dqn"]
+    common = dict(total_timesteps=120, learning_starts=0, train_frequency=1, batch_size=22, eval_episodes=1,
+                  save_model=True)
+    summaries = module.main(tiny_args(module, seed=1, num_seeds=3, run_name="pack", **common))
+    summary = module.main(tiny_args(module, seed=3, run_name="alone", **common))
+    assert summaries[2]["updates"] == summary["updates"] > 90
+    assert_same(outcome(Path("runs/pack__3")), outcome(Path("runs/alone")), episodes=1)
+
+
+@pack_runs
+@pytest.mark.parametrize("name", ["dqn", "per_dqn", "nstep_dqn"])
+def test_a_packs_exploring_evaluation_is_each_seeds_own(name):
+    """A pack of 3 evaluated with epsilon 0.5 (as Atari presets evaluate with epsilon > 0): each seed's evaluation
+    returns equal those of the seed trained and evaluated alone. Fails if the seeds share one exploration generator
+    (each seed in the pack would take the first seed's random actions)."""
+    module = ALGOS[name]
+    common = dict(eval_epsilon=0.5, eval_episodes=6, total_timesteps=300)
+    summaries = module.main(tiny_args(module, seed=1, num_seeds=3, run_name="pack", **common))
+    for seed, packed in zip((1, 2, 3), summaries, strict=True):
+        alone = module.main(tiny_args(module, seed=seed, run_name=f"alone{seed}", **common))
+        assert packed["eval_returns"] == alone["eval_returns"], seed
 
 
 @pytest.mark.slow
