@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, at most 8 minutes (each part under its own timeout): the CUDA tests, the updates eager vs --compile vs --cudagraphs,
-# the PER tree at 2^20, and per_dqn's training steps/s on Pong. Results land in $OUT (the device tool brings them back).
-#   here, once:  bash benchmarks/gpu_wheels.sh           (the wheels the GPU machine lacks, into .whl/)
-#   device tool: run(command="bash benchmarks/gpu.sh", carry=[".whl"], timeout_s=540)
+# the PER tree at 2^20, and per_dqn's training steps/s on Pong. Results land in $OUT (default /tmp/gpu-out).
+# On a machine with a CUDA GPU, from the repository root:
+#   pip install -e ".[dev,atari]" && OUT=gpu-results bash benchmarks/gpu.sh
+# A GPU machine without internet: bash benchmarks/gpu_wheels.sh on one with it first (wheels into .whl/, which this
+# script installs from), copy the repository with .whl/ to the GPU machine and run the script there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"

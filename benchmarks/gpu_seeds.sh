@@ -3,8 +3,8 @@
 # envs one numpy array) and per_dqn.py on Pong (its Atari preset, a 20k buffer per seed, all seeds' games in one
 # ale-py vector env) at --num-seeds 1, 8, 32 and 128, the update compiled and replayed as a CUDA graph.
 # Seed-steps/s = each seed's training steps/s (summary.json's train_sps) x seeds.
-#   here, once:  bash benchmarks/gpu_wheels.sh           (the wheels the GPU machine lacks, into .whl/)
-#   device tool: run(command="bash benchmarks/gpu_seeds.sh", carry=[".whl"], timeout_s=420)
+# On a machine with a CUDA GPU, from the repository root (offline: see gpu.sh on gpu_wheels.sh):
+#   pip install -e ".[dev,atari]" && OUT=gpu-seeds bash benchmarks/gpu_seeds.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-seeds}; mkdir -p "$OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wheels the GPU machine lacks (it has Python 3.12, torch 2.11, numpy, pyyaml, tqdm, rich, pytest,
-# hypothesis; no gymnasium, ale-py, tensordict or tyro), downloaded here into .whl/ (git-ignored), for
-#   device run: bash benchmarks/gpu.sh   with carry [".whl"]
+# hypothesis; no gymnasium, ale-py, tensordict or tyro), downloaded into .whl/ (git-ignored) on a machine with
+# internet; copy the repository with .whl/ to the GPU machine and run bash benchmarks/gpu.sh there (it installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl

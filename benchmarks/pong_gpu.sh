@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pong on one GPU in at most 9 minutes: algos/per_dqn.py with its Atari preset (PongNoFrameskip-v4, no --config),
 # the update compiled and replayed as a CUDA graph. Writes the evaluation return against agent steps and wall time.
-#   here, once:  bash benchmarks/gpu_wheels.sh           (the wheels the GPU machine lacks, into .whl/)
-#   device tool: run(command="bash benchmarks/pong_gpu.sh", carry=[".whl"], timeout_s=600)
+# On a machine with a CUDA GPU, from the repository root (offline: see gpu.sh on gpu_wheels.sh):
+#   pip install -e ".[dev,atari]" && OUT=pong-gpu bash benchmarks/pong_gpu.sh
 # The run gets SIGTERM at 520 s: it writes its checkpoint and summary.json (interrupted) like a preempted job.
 set -uo pipefail
 cd "$(dirname "$0")/.."
