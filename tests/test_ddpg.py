@@ -222,7 +222,8 @@ def test_configs_load():
     """Each config names its file's env and every value in it reaches the parsed arguments."""
     import yaml
 
-    envs = {"pendulum": "Pendulum-v1", "halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5"}
+    envs = {"pendulum": "Pendulum-v1", "halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5",
+            "walker2d": "Walker2d-v5"}
     paths = sorted((ROOT / "configs" / "ddpg").glob("*.yaml"))
     assert sorted(p.stem for p in paths) == sorted(envs)
     for path in paths:
