@@ -5,7 +5,7 @@
     python run.py resume runs/LAUNCH_ID [--total-timesteps N] [--jobs N] [--ray ADDRESS]
     python run.py evaluate RUNS... [--eval-episodes N] [--seed S] [--capture-video] [--jobs N]
     python run.py plot RUN_DIR... [--metric TAG] [--smooth N] [--by KEY] [--out curves.png]
-    python run.py table RUN_DIR... [--by KEY]
+    python run.py table RUN_DIR... [--by KEY] [--metric final|final-episodes|last-episodes|best-eval] [--episodes N]
     python run.py CONFIG.yaml --help        # every launch option (and resume/plot/table --help)
 
 A launch runs algos/<algo>.py (the config's `algo:` key, else its folder name) once per env x swept
@@ -774,25 +774,53 @@ def latest_evaluation(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(records[-1].read_text()) if records else None
 
 
-def results_table(paths: list[Path], by: str | None = None) -> str:
-    """Markdown, one row per (algo, env[, value of config key `by`]): the final evaluation return and the
-    mean evaluation return over the run (the area under its curve), each as mean ± std over seeds; and the
-    latest re-evaluation (`--evaluate`) of each run, where some run has one."""
+METRICS = {  # run.py table --metric: what each row's value is, per run (then mean ± sample std over the runs)
+    "final": "final eval return (mean ± sample std over seeds)",
+    "final-episodes": "final eval return (mean ± std over all seeds' episodes)",
+    "last-episodes": "mean of the last {episodes} training episodes (mean ± sample std over seeds)",
+    "best-eval": "best evaluation during training (mean ± sample std over seeds)",
+}
+
+
+def metric_values(run_dir: Path, summary: dict[str, Any], metric: str, episodes: int) -> list[float]:
+    """A run's values of a table metric: its final evaluation's mean (final), every episode of it
+    (final-episodes), the mean of its last `episodes` training episodes by step (last-episodes: CleanRL's
+    benchmarks), or the largest of its evaluations' means (best-eval: the TD3 paper's max over training); none
+    where the run has nothing to give."""
+    if metric == "final":
+        return [summary["eval_return_mean"]] if summary.get("eval_return_mean") is not None else []
+    if metric == "final-episodes":
+        return list(summary.get("eval_returns") or [])
+    if not (run_dir / "metrics.jsonl").is_file():
+        return []
+    _, values = metric_series(run_dir, TRAINING_RETURN if metric == "last-episodes" else "eval/episodic_return")
+    if not len(values):
+        return []
+    return [float(values[-episodes:].mean() if metric == "last-episodes" else values.max())]
+
+
+def results_table(paths: list[Path], by: str | None = None, metric: str = "final", episodes: int = 100) -> str:
+    """Markdown, one row per (algo, env[, value of config key `by`]): the metric (see METRICS; the final
+    evaluation return by default) and the mean evaluation return over the run (the area under its curve), each as
+    mean ± std over seeds; and the latest re-evaluation (`--evaluate`) of each run, where some run has one."""
     groups: dict[tuple[str, str, Any], list[Path]] = {}
     for run_dir in run_dirs_under(paths, "summary.json"):
         groups.setdefault(run_key(run_dir, by), []).append(run_dir)
     rows = []
     for key in sorted(groups, key=key_order):
         summaries = [summary_in(run_dir) for run_dir in groups[key]]
-        returns = [s["eval_return_mean"] for s in summaries if s.get("eval_return_mean") is not None]
+        per_run = [metric_values(run_dir, summary, metric, episodes)
+                   for run_dir, summary in zip(groups[key], summaries, strict=True)]
+        returns = [value for values in per_run for value in values]
         areas = [a for a in map(mean_eval_return, groups[key]) if a is not None]
         steps = sorted({s.get("global_step", 0) for s in summaries})
         walls = [s["wall_time_s"] for s in summaries if s.get("wall_time_s") is not None]
         again = [record["mean"] for record in map(latest_evaluation, groups[key]) if record is not None]
-        rows.append([key[0], key[1], *([key[2]] if by else []), len(returns), mean_and_std(returns),
+        rows.append([key[0], key[1], *([key[2]] if by else []), sum(1 for values in per_run if values),
+                     mean_and_std(returns),
                      mean_and_std(areas), steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}",
                      duration(statistics.fmean(walls)) if walls else "-", f"{mean_and_std(again)} ({len(again)})"])
-    header = ["algo", "env", *([by] if by else []), "seeds", "final eval return (mean ± sample std over seeds)",
+    header = ["algo", "env", *([by] if by else []), "seeds", METRICS[metric].format(episodes=episodes),
               "mean eval return over the run (area under curve)", "steps", "wall time (mean)",
               "latest re-evaluation (mean ± sample std over seeds, runs)"]
     if all(row[-1] == "- (0)" for row in rows):  # nothing re-evaluated: no column
@@ -870,6 +898,13 @@ def results_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"run.py {command}")
     p.add_argument("run_dirs", type=Path, nargs="+", help="run directories, or directories holding them")
     p.add_argument("--by", metavar="KEY", help="split by this key of each run's config.yaml, e.g. --by alpha")
+    if command == "table":
+        p.add_argument("--metric", choices=list(METRICS), default="final",
+                       help="final: each seed's final evaluation mean (default); final-episodes: every final "
+                       "evaluation episode pooled (as a single agent's episodes are reported); last-episodes: the mean "
+                       "of each seed's last --episodes training episodes (CleanRL's benchmarks); best-eval: each "
+                       "seed's best evaluation during training (the TD3 paper's max)")
+        p.add_argument("--episodes", type=int, default=100, help="training episodes for --metric last-episodes")
     if command == "plot":
         p.add_argument("--metric", help="a tag in metrics.jsonl (default: eval/episodic_return, or "
                        f"{TRAINING_RETURN} smoothed when some run has fewer than 3 evaluations)")
@@ -913,7 +948,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "table":
         args = results_parser("table").parse_args(argv[1:])
-        say(results_table(args.run_dirs, args.by))
+        if args.episodes < 1:
+            fail(f"--episodes must be >= 1, got {args.episodes}")
+        say(results_table(args.run_dirs, args.by, args.metric, args.episodes))
         return 0
     if argv[0] == "resume":
         return resume(resume_parser().parse_args(argv[1:]))

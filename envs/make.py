@@ -195,14 +195,22 @@ def make_vector_env(
     elif spec.vector_entry_point == CARTPOLE_ARRAY and num_envs >= ARRAY_FROM:  # one numpy call for all envs
         env = CartPoleArray(gym.make_vec(spec, num_envs, vectorization_mode="vector_entry_point", **env_kwargs))
     else:
-        env = gym.make_vec(
-            spec,
-            num_envs,
-            vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            wrappers=[_channels_first],
-            **env_kwargs,
-        )
+        try:
+            env = gym.make_vec(
+                spec,
+                num_envs,
+                vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                wrappers=[_channels_first],
+                **env_kwargs,
+            )
+        except gym.error.DependencyNotInstalled as e:  # gymnasium's own hint names its extras, not ours
+            extra = next((name for name in ("box2d", "mujoco") if f"envs.{name}" in str(spec.entry_point)), None)
+            if extra is None:
+                raise
+            what = {"box2d": "Box2D", "mujoco": "MuJoCo"}[extra]
+            raise ImportError(f'{env_id} needs {what}, which is not installed: pip install -e ".[{extra}]" (or pip '
+                              f"install {extra})") from e
     env.action_space.seed(seed)
     env.single_action_space.seed(seed)
     return env

@@ -474,3 +474,16 @@ def test_cartpole_steps_as_one_array_and_plays_the_episodes_of_gymnasiums_sync_e
             assert load_env_state(fresh, env_state(ours)) is None
             ours = fresh
     assert ends > 400
+
+
+def test_a_box2d_env_without_box2d_names_the_extra_to_install(monkeypatch):
+    """LunarLander without the Box2D package: one ImportError naming our extra (gymnasium's own message names swig
+    and gymnasium[box2d]), which the algorithm files print as a one-line error."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "Box2D", None)  # `import Box2D` raises ImportError
+    for name in [name for name in sys.modules if name.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=r'^LunarLander-v3 needs Box2D, which is not installed: pip install -e '
+                                          r'"\.\[box2d\]" \(or pip install box2d\)$'):
+        make_vector_env("LunarLander-v3", 1)

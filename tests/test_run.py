@@ -476,6 +476,33 @@ def test_table_splits_by_a_config_key_with_the_area_under_the_evaluation_curve(t
     assert run.mean_eval_return(runs / "CartPole-v1__per_dqn__alpha=0.2__1__0") == pytest.approx(2500 / 300)
 
 
+def test_table_computes_the_metric_each_source_reports(tmp_path, capsys):
+    """--metric last-episodes: the mean of each seed's last N training episodes (by step), then mean ± std over
+    seeds; best-eval: each seed's largest evaluation; final-episodes: every final evaluation episode pooled. The
+    values by hand: seed 1's last 100 of episodes 1..150 average 100.5, seed 2's three 20; the best evaluations
+    are 50 and 2; the pooled episodes 1, 2, 3 and 10."""
+    runs = tmp_path / "runs"
+    one = write_run(runs, "ddpg", "Hopper-v5", 1, [(0, 5.0), (100, 50.0), (200, 30.0)], eval_return=2.0,
+                    training=[(10 * i, float(i)) for i in range(150, 0, -1)])  # written out of order
+    two = write_run(runs, "ddpg", "Hopper-v5", 2, [(0, 1.0), (100, 2.0)], eval_return=10.0,
+                    training=[(5, 10.0), (6, 20.0), (7, 30.0)])
+    for run_dir, returns in ((one, [1.0, 2.0, 3.0]), (two, [10.0])):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        (run_dir / "summary.json").write_text(json.dumps(summary | {"eval_returns": returns}))
+    expected = {"last-episodes": ("mean of the last 100 training episodes", "60.2 ± 56.9"),
+                "best-eval": ("best evaluation during training", "26.0 ± 33.9"),
+                "final-episodes": ("final eval return (mean ± std over all seeds' episodes)", "4.0 ± 4.1"),
+                "final": ("final eval return (mean ± sample std over seeds)", "6.0 ± 5.7")}
+    for metric, (title, value) in expected.items():
+        assert run.main(["table", str(runs), "--metric", metric]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[0].split(" | ")[3].startswith(title) and lines[2].split(" | ")[2:4] == ["2", value]
+    assert run.main(["table", str(runs), "--metric", "last-episodes", "--episodes", "2"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[2].split(" | ")[3] == "87.2 ± 88.0"  # of 149.5 and 25
+    with pytest.raises(SystemExit, match="--episodes must be >= 1"):
+        run.main(["table", str(runs), "--metric", "last-episodes", "--episodes", "0"])
+
+
 def test_plot_splits_by_a_config_key_and_smooths_each_run_before_averaging(tmp_path):
     write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 0.0), (100, 10.0), (200, 20.0), (300, 30.0)],
               config={"alpha": 2})
