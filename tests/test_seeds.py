@@ -125,7 +125,7 @@ class WithLayerNorm(nn.Module):
 
 
 @pack_runs
-def test_a_networks_with_layer_norm_trains_each_seed_of_a_pack_as_alone(monkeypatch):
+def test_a_network_with_layer_norm_trains_each_seed_of_a_pack_as_alone(monkeypatch):
     """dqn.py with WithLayerNorm as its QNetwork: seed 2 of a pack of 3 ends with the model.pt, metrics and
     evaluation returns of seed 2 alone, bit for bit, and seeds 1 and 2 end with different LayerNorm weights. Fails
     if the LayerNorm is not stacked (every seed would train the first seed's)."""
