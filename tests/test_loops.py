@@ -27,6 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 import harness.run
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
 from envs import TransitionRecorder, env_seeds
+from envs.make import _env_spec
 from harness import crossed
 from tests import probe_env
 from tests.algo_utils import ROOT, load_algo, parse, run_dir_of, tiny_args
@@ -718,6 +719,20 @@ def test_the_defaults_are_the_learning_tested_config(name, config):
     defaults = parse(algo, [])
     from_config = parse(algo, ["--config", str(ROOT / "configs" / name / f"{config}.yaml")])
     assert dataclasses.replace(from_config, config=None) == defaults
+
+
+@pytest.mark.parametrize("path", sorted(Path(ROOT, "configs").glob("*/*.yaml")),
+                         ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_every_config_parses_to_its_values_and_says_where_they_come_from(path):
+    """Each configs/<algo>/<env>.yaml is its folder's algorithm's, names a registered env, and every value reaches
+    the parsed arguments; its header comment says which seeds chose its settings (or that none did)."""
+    values = yaml.safe_load(path.read_text())
+    assert values.pop("algo") == path.parent.name
+    args = parse(ALGOS[path.parent.name], ["--config", str(path)])
+    assert {key: getattr(args, key) for key in values} == values
+    assert _env_spec(args.env).id == args.env  # registered (ale-py's ids too)
+    header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    assert "seed" in header, "the header says which seeds chose the settings"
 
 
 def test_every_pong_config_is_checked():
