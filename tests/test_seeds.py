@@ -143,13 +143,14 @@ def test_a_network_with_layer_norm_trains_each_seed_of_a_pack_as_alone(monkeypat
 
 
 @pack_runs
-def test_an_nstep_packs_seeds_start_learning_as_alone():
-    """n-step DQN, seeds 1-3 packed, learning from step 0 on batches of 22: seed 3 makes as many updates as alone
-    and ends with the same model.pt. Fails if a pack waits for its slowest seed's n-step windows (the buffer's count
-    is the smallest over the seeds: seed 3 made 97 updates in the pack against 99 alone)."""
-    module = ALGOS["nstep_dqn"]
+@pytest.mark.parametrize("name", ["nstep_dqn", "per_dqn"])
+def test_an_nstep_packs_seeds_start_learning_as_alone(name):
+    """3-step returns, seeds 1-3 packed, learning from step 0 on batches of 22: seed 3 makes as many updates as
+    alone and ends with the same model.pt. Fails if a pack waits for its slowest seed's n-step windows (the buffer's
+    count is the smallest over the seeds: n-step DQN's seed 3 made 97 updates in the pack against 99 alone)."""
+    module = ALGOS[name]
     common = dict(total_timesteps=120, learning_starts=0, train_frequency=1, batch_size=22, eval_episodes=1,
-                  save_model=True)
+                  save_model=True, n_step=3)
     summaries = module.main(tiny_args(module, seed=1, num_seeds=3, run_name="pack", **common))
     summary = module.main(tiny_args(module, seed=3, run_name="alone", **common))
     assert summaries[2]["updates"] == summary["updates"] > 90
