@@ -7,6 +7,7 @@ Usage: python algos/dqn.py   |   python algos/dqn.py --env PongNoFrameskip-v4   
 An Atari id without --config trains with ATARI_PRESET (printed at the start); --config and flags override it.
 """
 
+import math
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
@@ -35,7 +36,8 @@ class Args(RunArgs):
     env: str = "CartPole-v1"  # the environment id (an Atari id without --config gets the Atari preset)
     total_timesteps: int = 100_000  # environment steps of each seed, summed over its parallel environments
     learning_rate: float = 1e-3  # Adam's learning rate
-    anneal_lr: bool = True  # decay the learning rate linearly to 0 at the end of training, so the final policy settles
+    anneal_lr: bool = True  # decay the learning rate to 0 at the end of training, so the final policy settles
+    lr_decay: Literal["linear", "cosine"] = "linear"  # the shape of anneal_lr's decay: a line or a half cosine
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: float = 0.99  # discount factor
     tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
@@ -86,8 +88,12 @@ def annealed(step: int, args: Args) -> float:
 
 
 def learning_rate_at(step: int, args: Args) -> float:
-    """learning_rate, or with anneal_lr linear from learning_rate (at schedule_start) to 0 at total_timesteps."""
-    return args.learning_rate * (1 - annealed(step, args)) if args.anneal_lr else args.learning_rate
+    """learning_rate, or with anneal_lr from learning_rate (at schedule_start) to 0 at total_timesteps: along a line,
+    or a half cosine, whose steps in the last tenth of the run add up to a sixth of the line's (a policy stays put)."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    done = annealed(step, args)
+    return args.learning_rate * ((1 - done) if args.lr_decay == "linear" else (1 + math.cos(math.pi * done)) / 2)
 
 
 def extended(args: Args, step: int, total_timesteps: int) -> Args:

@@ -740,9 +740,10 @@ def test_every_pong_config_is_checked():
 
 
 @pytest.mark.parametrize("name", DQNS)
-def test_anneal_lr_decays_the_learning_rate_linearly_to_zero(monkeypatch, name):
-    """With --anneal-lr every optimizer step at environment step s uses lr * (1 - s / total_timesteps); without
-    it, lr throughout. One update per step here, so the k-th step's lr is known by counting."""
+def test_anneal_lr_decays_the_learning_rate_to_zero_along_its_shape(monkeypatch, name):
+    """With --anneal-lr every optimizer step at environment step s uses lr * (1 - s / total_timesteps), or with
+    --lr-decay cosine lr * (1 + cos(pi * s / total_timesteps)) / 2; without it, lr throughout. One update per step
+    here, so the k-th step's lr is known by counting."""
     seen = []
     real_step = torch.optim.Adam.step
 
@@ -751,12 +752,13 @@ def test_anneal_lr_decays_the_learning_rate_linearly_to_zero(monkeypatch, name):
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.Adam, "step", step)
-    for anneal in (True, False):
+    shapes = {"linear": lambda s: 1 - s / 300, "cosine": lambda s: (1 + np.cos(np.pi * s / 300)) / 2, None: lambda s: 1}
+    for decay in shapes:
         seen.clear()
-        summary = ALGOS[name].main(args_for(name, anneal_lr=anneal, learning_rate=1e-3, total_timesteps=300,
-                                            learning_starts=100, train_frequency=1, gradient_steps=1,
-                                            run_name=f"lr-{anneal}"))
+        summary = ALGOS[name].main(args_for(name, anneal_lr=decay is not None, lr_decay=decay or "linear",
+                                            learning_rate=1e-3, total_timesteps=300, learning_starts=100,
+                                            train_frequency=1, gradient_steps=1, run_name=f"lr-{decay}"))
         steps = range(101, 301)
         assert summary["updates"] == len(seen) == len(steps)
-        expected = [1e-3 * (1 - s / 300) if anneal else 1e-3 for s in steps]
+        expected = [1e-3 * shapes[decay](s) for s in steps]
         np.testing.assert_allclose(seen, expected, rtol=1e-6, atol=1e-9)
