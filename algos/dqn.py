@@ -51,6 +51,7 @@ class Args(RunArgs):
     gradient_steps: int = 1  # gradient steps in each training round
     loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
     max_grad_norm: float = 10.0  # clip the gradient to this global norm
+    adam_eps: float = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
 
@@ -164,7 +165,7 @@ def main(args: Args) -> dict | list[dict]:
         target_network = run.networks(network)
     target_params.to_module(target_network)
     optimizer = run.adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),  # fused Adam
-                         capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
+                         eps=args.adam_eps, capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs
     frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
     rb = ReplayBuffer(args.buffer_size, device, args.seed, frame_stack, num_seeds=len(seeds))  # each seed its own
     recorder = TransitionRecorder(env.num_envs, clip_reward=is_atari(args.env))

@@ -50,6 +50,7 @@ class Args(RunArgs):
     gradient_steps: int = 1  # gradient steps in each training round
     loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
     max_grad_norm: float = 10.0  # clip the gradient to this global norm
+    adam_eps: float = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
     alpha: float = 0.6  # prioritization exponent: P(i) is proportional to (|TD error| + prio_eps) ** alpha
@@ -170,7 +171,7 @@ def main(args: Args) -> dict | list[dict]:
         target_network = run.networks(network)
     target_params.to_module(target_network)
     optimizer = run.adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),  # fused Adam
-                         capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs see it
+                         eps=args.adam_eps, capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs
     frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
     rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, device, args.seed,
                                  frame_stack, num_seeds=len(seeds))  # PER: a sum tree of priorities per seed
