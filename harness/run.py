@@ -202,6 +202,7 @@ class Run:
                         disable=not sys.stderr.isatty())
         self.handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.start_time, self.start_step, self.eval_time = time.time(), counts[0], 0.0
+        self.wall_before = state.get("wall_s", 0.0) if state else 0.0  # the run's time up to its checkpoint
         if self.due is not None:
             self.evaluate(self.due)
         return obs, counts
@@ -312,6 +313,10 @@ class Run:
             self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
         self.reached = self.args.stop_return is not None and np.mean(returns[0]) >= self.args.stop_return
 
+    def wall_s(self) -> float:
+        """The run's wall time: this process's and, resumed, that of the processes up to its checkpoint."""
+        return self.wall_before + time.time() - self.start_time
+
     def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
         """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
         for metrics in self.metrics:
@@ -321,7 +326,7 @@ class Run:
                  "due": self.due, "last": self.last, "recent": self.recent,
                  "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
                  "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),
-                 "dirs": [path.name for path in self.dirs]}
+                 "dirs": [path.name for path in self.dirs], "wall_s": self.wall_s()}
         for name, part in self.parts.items():
             state[name] = [g.bit_generator.state for g in part] if isinstance(part, list) else \
                 env_state(part) if name == "env" else part.state_dict()
@@ -354,7 +359,7 @@ class Run:
                        "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
                        "eval_returns": returns, "global_step": step, "updates": counts[1],
                        "interrupted": bool(self.signal), "train_sps": (step - self.start_step) / max(train_time, 1e-9),
-                       "wall_time_s": time.time() - self.start_time, "num_seeds": len(self.seeds),
+                       "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
                        "pack_dirs": [p.name for p in self.dirs]}
             write_json_atomic(summary, path / "summary.json")
             summaries.append(summary)

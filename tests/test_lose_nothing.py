@@ -255,7 +255,8 @@ def test_extending_a_run_continues_every_schedule_without_a_jump(monkeypatch, tm
 
 
 def test_a_total_below_the_step_reached_is_refused(tmp_path):
-    ALGOS["dqn"].main(args_for("dqn", run_name="r", total_timesteps=300, checkpoint_frequency=300))
+    ALGOS["dqn"].main(args_for("dqn", run_name="r", total_timesteps=300, checkpoint_frequency=300,
+                                              anneal_lr=False))
     before = hashes(tmp_path / "runs" / "r")
     with pytest.raises(SystemExit, match="below the step the run reached, 300"):
         resume("dqn", "runs/r", "--total-timesteps", "200")
@@ -445,3 +446,26 @@ def test_train_sps_counts_the_training_loop_only(monkeypatch, name):
     summary = algo.main(args_for(name, total_timesteps=300, eval_frequency=0))
     # the loop took at most the wall time less the 1 s sleep: steps over it is at least steps over that
     assert summary["train_sps"] * (summary["wall_time_s"] - 1.0) >= summary["global_step"]
+
+
+def test_a_resumed_runs_wall_time_counts_the_time_before_its_checkpoint(monkeypatch, tmp_path):
+    """A run whose evaluations sleep 1 s each (three, to its checkpoint at step 300), resumed to step 400 without the
+    sleep: its summary's wall time is the first process's time to the checkpoint plus the resumed process's. Fails
+    if wall_time_s counts the resumed process alone (it takes well under the first one's 3 s)."""
+    evaluate = harness.run.evaluate
+
+    def slow(*args, **kwargs):
+        time.sleep(1.0)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(harness.run, "evaluate", slow)
+    first = ALGOS["dqn"].main(args_for("dqn", run_name="r", total_timesteps=300, checkpoint_frequency=300,
+                                              anneal_lr=False))
+    assert first["wall_time_s"] >= 3.0
+    monkeypatch.setattr(harness.run, "evaluate", evaluate)
+    tick = time.time()
+    resumed = resume("dqn", tmp_path / "runs" / "r", "--total-timesteps", "400")
+    took = time.time() - tick
+    assert took < first["wall_time_s"]  # else the resumed process alone could pass the test below
+    # the checkpoint is written after the final evaluation, at most a model.pt and summary.json before `first`'s end
+    assert first["wall_time_s"] - 0.5 <= resumed["wall_time_s"] <= first["wall_time_s"] + took
