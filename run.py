@@ -730,7 +730,7 @@ def curves_figure(paths: list[Path], metric: str | None = None, smooth: int | No
         for key in sorted((k for k in groups if k[1] == env), key=key_order):
             series, (algo, _, value) = groups[key], key
             grid, mean, low, high = seed_band(series)
-            label = f"{algo}{f' {by}={value}' if by else ''} ({len(series)} seeds)"
+            label = f"{algo}{f' {by}={value}' if by else ''} ({len(series)} seed{'s' if len(series) > 1 else ''})"
             line, = ax.plot(grid, mean, marker="o" if len(grid) == 1 else None, label=label)
             if len(grid) > 1:
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)

@@ -418,8 +418,8 @@ def test_plot_draws_one_line_per_algo_and_env_with_the_seed_mean(tmp_path):
     write_run(tmp_path / "b", "dqn", "Acrobot-v1", 1, [(0, -500.0), (100, -100.0)])
     fig = run.curves_figure([tmp_path / "a", tmp_path / "b"], "eval/episodic_return")
     lines = {(ax.get_title(), line.get_label()): line for ax in fig.axes for line in ax.get_lines()}
-    assert set(lines) == {("CartPole-v1", "dqn (2 seeds)"), ("CartPole-v1", "per_dqn (1 seeds)"),
-                          ("Acrobot-v1", "dqn (1 seeds)")}
+    assert set(lines) == {("CartPole-v1", "dqn (2 seeds)"), ("CartPole-v1", "per_dqn (1 seed)"),
+                          ("Acrobot-v1", "dqn (1 seed)")}
     mean = lines[("CartPole-v1", "dqn (2 seeds)")]
     # seed 1 at 50 is 5, seed 2 at 100 is 10 + 30 * 50/150 = 20: the means of the interpolated seeds
     assert list(mean.get_xdata()) == [0, 50, 100, 200]
@@ -512,8 +512,8 @@ def test_plot_splits_by_a_config_key_and_smooths_each_run_before_averaging(tmp_p
     fig = run.curves_figure([tmp_path], "eval/episodic_return", smooth=2, by="alpha")
     [ax] = fig.axes
     lines = ax.get_lines()
-    assert [line.get_label() for line in lines] == ["per_dqn alpha=0.5 (1 seeds)", "per_dqn alpha=2 (2 seeds)",
-                                                    "per_dqn alpha=10 (1 seeds)"]
+    assert [line.get_label() for line in lines] == ["per_dqn alpha=0.5 (1 seed)", "per_dqn alpha=2 (2 seeds)",
+                                                    "per_dqn alpha=10 (1 seed)"]
     assert ax.get_ylabel() == "eval/episodic_return (rolling mean of 2)"
     # smoothed first: seed 1 is 0, 5, 15, 25 at 0, 100, 200, 300 and seed 2 is 10, 10, 25 at 0, 150, 300;
     # then each is interpolated onto every step either has: 0, 100, 150, 200, 300
