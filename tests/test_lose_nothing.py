@@ -460,7 +460,7 @@ def test_a_resumed_runs_wall_time_counts_the_time_before_its_checkpoint(monkeypa
 
     monkeypatch.setattr(harness.run, "evaluate", slow)
     first = ALGOS["dqn"].main(args_for("dqn", run_name="r", total_timesteps=300, checkpoint_frequency=300,
-                                              anneal_lr=False))
+                                       eval_frequency=100, anneal_lr=False))
     assert first["wall_time_s"] >= 3.0
     monkeypatch.setattr(harness.run, "evaluate", evaluate)
     tick = time.time()
