@@ -3,7 +3,8 @@
 # the update compiled and replayed as a CUDA graph. Writes the evaluation return against agent steps and wall time.
 # On a machine with a CUDA GPU, from the repository root (offline: see gpu.sh on gpu_wheels.sh):
 #   pip install -e ".[dev,atari]" && OUT=pong-gpu bash benchmarks/pong_gpu.sh
-# The run gets SIGTERM at 520 s: it writes its checkpoint and summary.json (interrupted) like a preempted job.
+# The run gets SIGTERM at PONG_SECONDS (default 520): it writes its checkpoint and summary.json (interrupted) like a
+# preempted job. PONG_FLAGS (default "--compile --cudagraphs") picks the update's mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pong-gpu}; mkdir -p "$OUT"
@@ -13,11 +14,12 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 - "$OUT" "$@" <<'PY'
-import json, subprocess, sys, time
+PONG_SECONDS=${PONG_SECONDS:-520} PONG_FLAGS=${PONG_FLAGS---compile --cudagraphs} python3 - "$OUT" "$@" <<'PY'
+import json, os, subprocess, sys, time
 from pathlib import Path
 out, extra = Path(sys.argv[1]), sys.argv[2:]
-cmd = [sys.executable, "algos/per_dqn.py", "--env", "PongNoFrameskip-v4", "--cuda", "--compile", "--cudagraphs",
+limit = float(os.environ["PONG_SECONDS"])
+cmd = [sys.executable, "algos/per_dqn.py", "--env", "PongNoFrameskip-v4", "--cuda", *os.environ["PONG_FLAGS"].split(),
        "--threads", "8", "--eval-frequency", "25000", "--eval-episodes", "3", "--run-name", "pong-gpu", *extra]
 print(" ".join(cmd), flush=True)
 start, curve, seen = time.time(), [], 0
@@ -25,7 +27,7 @@ log = open(out / "pong_gpu.log", "w")
 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 metrics = Path("runs/pong-gpu/metrics.jsonl")
 while proc.poll() is None or metrics.exists() and metrics.stat().st_size > seen:
-    if time.time() - start > 520 and proc.poll() is None:
+    if time.time() - start > limit and proc.poll() is None:
         proc.terminate()  # SIGTERM: checkpoint, summary.json, exit
     if metrics.exists():
         with open(metrics) as f:

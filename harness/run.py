@@ -155,7 +155,9 @@ class Run:
     def compiled(self, update: Callable) -> Callable:
         """The update, wrapped by torch.compile (--compile) and replayed as a CUDA graph (--cudagraphs)."""
         if self.args.compile:
-            update = torch.compile(update)
+            # Static shapes: a batch's shapes never change, and torch 2.11 failed to build the guards of a
+            # recompile with symbolic shapes (a pack's DQN update on CUDA: "IndexError: list index out of range").
+            update = torch.compile(update, dynamic=False)
         if self.args.cudagraphs and self.device.type == "cuda":
             from tensordict.nn import CudaGraphModule
 
