@@ -142,6 +142,21 @@ def make_update(q_network: nn.Module, target_network: nn.Module, optimizer: torc
     return update
 
 
+def make_learner(update, rb, params: TensorDict, target_params: TensorDict, args: Args):
+    """The learner's work of one loop iteration as one call, host ints in and tensors out (so a CUDA graph can take it
+    whole): `steps` gradient steps on sampled batches, then `moves` target moves -> the last step's metrics."""
+
+    def learn(steps: int, moves: int) -> TensorDict | None:
+        metrics = None
+        for _ in range(steps):
+            metrics = update(batch := rb.sample(args.batch_size))  # PER: drawn by priority, with weights
+            rb.update_priority(batch["index"], metrics["abs_td_error"])  # PER: the new |TD errors|
+        for _ in range(moves):  # DQN: the target trails the Q-network, once per interval crossed
+            target_params.lerp_(params, args.tau)
+        return metrics
+
+    return learn
+
 def check_args(args: Args) -> None:
     for name in ("buffer_size", "batch_size", "train_frequency", "gradient_steps",
                  "target_network_frequency", "n_step"):
@@ -178,7 +193,8 @@ def main(args: Args) -> dict | list[dict]:
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs, num_seeds=len(seeds))
     recorder = TransitionRecorder(env.num_envs, clip_reward=is_atari(args.env))
     explore_rngs = run.generators()  # a NumPy generator per seed
-    update = run.compiled(make_update(q_network, target_network, optimizer, args))
+    update = run.compiled(make_update(q_network, target_network, optimizer, args), rb)
+    learn = run.graphed(make_learner(update, rb, params, target_params, args), rb)
 
     @torch.inference_mode()  # a little cheaper than no_grad: these tensors never meet autograd
     def act(obs: np.ndarray, epsilon: float, rngs: list[np.random.Generator]) -> np.ndarray:
@@ -211,16 +227,11 @@ def main(args: Args) -> dict | list[dict]:
         if global_step > args.learning_starts and global_step - (args.n_step - 1) * args.num_envs >= args.batch_size:
             optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
             rb.beta = args.beta_start + annealed(global_step, args) * (1.0 - args.beta_start)  # PER: beta to 1
-            for _ in range(crossed(args.train_frequency, previous, global_step) * args.gradient_steps):
-                metrics = update(batch := rb.sample(args.batch_size))  # PER: drawn by priority, with weights
-                rb.update_priority(batch["index"], metrics["abs_td_error"])  # PER: the new |TD errors|
-                updates += 1
-                if updates % 100 == 0:
-                    run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()}
-                            | {"charts/beta": rb.beta, "charts/mean_weight": batch["weight"]})
-            # DQN: the target trails the Q-network, once per interval crossed (several envs per step skip none).
-            for _ in range(crossed(args.target_network_frequency, previous, global_step)):
-                target_params.lerp_(params, args.tau)
+            steps = crossed(args.train_frequency, previous, global_step) * args.gradient_steps  # N envs: N x
+            metrics = learn(steps, crossed(args.target_network_frequency, previous, global_step))
+            if crossed(100, updates, updates := updates + steps):  # metrics every 100 updates: a host read
+                run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()}
+                        | {"charts/beta": rb.beta})
         run.end_of_step(previous, global_step, obs, (global_step, updates))  # progress, evaluations, checkpoints
     return run.finish(obs, (global_step, updates))
 

@@ -390,7 +390,8 @@ class FrameStore:
         gather of 2k frames fills a [2, B, k, ...] tensor whose halves are the two stacks.
         """
         k = self.frame_stack
-        if np.all(self.last_irregular < first_live):
+        capturing = obs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()  # replayed later: general
+        if not capturing and np.all(self.last_irregular < first_live):
             window = self._window(obs, k + 1)
             return window[:, :k], window[:, 1:]
         both = self._window(torch.stack([obs, next_obs]), k)

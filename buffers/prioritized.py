@@ -323,6 +323,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._calls = 0
 
     @property
+    def capturable(self) -> bool:
+        """With deferred validation, sample and update_priority read only device tensors (see the class docstring);
+        not yet a pack's frames, whose redraws of dropped transitions are made seed by seed on the host's word."""
+        return self.validation == "deferred" and (self.frame_store is None or self.num_seeds == 1)
+
+    @property
     def beta(self) -> float:
         return self._beta
 
@@ -403,7 +409,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """The batch at the slots the descent found, with weights."""
         # Rounding can carry a draw past the last item, into the zero leaves after it; clamp it back.
         slots = slots.clamp_(max=self._last_slot)
-        if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
+        if self.frame_store is not None and self._capturing():  # a graph replays later, whatever the host saw now
+            slots = self._redraw_dropped_on_device(slots)
+        elif self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
             slots = self._redraw_dropped(slots)
         stored = self.tree.leaves.index_select(0, slots)
         weight = torch.empty(slots.shape, dtype=torch.float32, device=self.device)
@@ -440,6 +448,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         mass = torch.rand(slots.shape, generator=generator, device=self.device, dtype=torch.float64)
         pick = torch.searchsorted(upper, mass.mul_(upper[-1]), right=True).clamp_(max=positive.numel() - 1)
         return torch.where(bad, positive.index_select(0, pick), slots)
+
+    def _redraw_dropped_on_device(self, slots: torch.Tensor) -> torch.Tensor:
+        """_redraw_dropped with no host read, for CUDA graph capture: always a few rounds of redraws over the whole
+        mass; a draw that still lands on a dropped transition then takes the newest item, whose frames were just
+        written (a bias of that item's probability by the chance of failing every round: negligible)."""
+        for _ in range(4):
+            bad = self.tree.leaves.index_select(0, slots) == 0
+            fresh = self.tree.find_prefix(self._uniforms(slots.numel()), relative=True).clamp_(max=self._last_slot)
+            slots = torch.where(bad, fresh, slots)
+        newest = self._last_index.remainder(self.capacity)
+        return torch.where(self.tree.leaves.index_select(0, slots) == 0, newest, slots)
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Set the priorities of sampled items from their raw |TD error| (one per index).

@@ -69,6 +69,12 @@ class ReplayBuffer:
         self.generator = self.generators[0]  # one seed: its generator
         self.frame_store = FrameStore(frame_stack, self.capacity, self.device, self.num_seeds) if frame_stack else None
 
+    @property
+    def capturable(self) -> bool:
+        """Whether sample (and a prioritized buffer's update_priority) read only device tensors, so a CUDA graph can
+        capture them: not here, where a uniform draw takes its range from the host's count of items."""
+        return False
+
     def __len__(self) -> int:
         """Items stored; many seeds: the fewest any seed holds (a batch can be drawn for every seed from this)."""
         return int(min(np.min(self.written), self.capacity))

@@ -152,17 +152,26 @@ class Run:
         """The rows of all seeds' envs [seeds * n, ...] as [seeds, n, ...] for a pack's networks; one seed: x."""
         return x if len(self.seeds) == 1 else x.view(len(self.seeds), -1, *x.shape[1:])
 
-    def compiled(self, update: Callable) -> Callable:
-        """The update, wrapped by torch.compile (--compile) and replayed as a CUDA graph (--cudagraphs)."""
+    def compiled(self, update: Callable, buffer=None) -> Callable:
+        """The update, wrapped by torch.compile (--compile) and, with --cudagraphs on a GPU, replayed as a CUDA graph,
+        unless `buffer` can be captured (it reads only device tensors): then `graphed` captures the whole learner."""
         if self.args.compile:
             # Static shapes: a batch's shapes never change, and torch 2.11 failed to build the guards of a
             # recompile with symbolic shapes (a pack's DQN update on CUDA: "IndexError: list index out of range").
             update = torch.compile(update, dynamic=False)
-        if self.args.cudagraphs and self.device.type == "cuda":
+        if self.args.cudagraphs and self.device.type == "cuda" and not getattr(buffer, "capturable", False):
             from tensordict.nn import CudaGraphModule
 
             update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
         return update
+
+    def graphed(self, learn: Callable, buffer) -> Callable:
+        """learn(*counts) -> metrics, the learner's work of one loop iteration (host ints in, device tensors out),
+        replayed as CUDA graphs under --cudagraphs on a GPU when `buffer` can be captured (see LearnerGraphs): a
+        uniform ReplayBuffer cannot (it draws with its host-side count), so there only the update is graphed."""
+        if self.args.cudagraphs and self.device.type == "cuda" and getattr(buffer, "capturable", False):
+            return LearnerGraphs(learn, buffer)
+        return learn
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
@@ -458,6 +467,45 @@ class Run:
         print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
         return record
+
+
+class LearnerGraphs:
+    """A learner step replayed from CUDA graphs: one graph per value of its host-int arguments (e.g. (gradient steps,
+    target moves) of a loop iteration: (8, 0) and (8, 1) with 8 envs), captured after `warmup` eager calls with
+    those arguments, then replayed. Nothing is read back to the host: the graph's outputs are its static tensors,
+    valid until the next call. The buffer must read only device tensors while sampling and writing priorities
+    (PrioritizedReplayBuffer with deferred validation does), its generators are registered with each graph so that
+    every replay draws afresh, and its deferred checks, which no replay runs, are made every `check_interval` calls.
+    Graphs share one memory pool."""
+
+    def __init__(self, learn: Callable, buffer, warmup: int = 3, check_interval: int = 100):
+        self.learn, self.buffer, self.warmup, self.check_interval = learn, buffer, warmup, check_interval
+        self.graphs, self.calls, self.pool, self.count = {}, {}, None, 0
+
+    def __call__(self, *counts: int):
+        self.count += 1
+        if self.count % self.check_interval == 0 and hasattr(self.buffer, "check"):
+            self.buffer.check()  # bad priorities: raise here, as an eager run would (one host read)
+        if counts in self.graphs:
+            graph, out = self.graphs[counts]
+            graph.replay()
+            return out
+        self.calls[counts] = self.calls.get(counts, 0) + 1
+        if self.calls[counts] <= self.warmup:  # eager, on a side stream as capture requires (lazy state, cuBLAS)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.learn(*counts)
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.buffer.generators:
+            graph.register_generator_state(generator)
+        with torch.cuda.graph(graph, pool=self.pool):  # capture records the kernels without running them
+            out = self.learn(*counts)
+        self.pool, self.graphs[counts] = graph.pool(), (graph, out)
+        graph.replay()  # this call's work
+        return out
 
 
 def read_yaml(path: Path) -> dict:
