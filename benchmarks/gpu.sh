@@ -18,7 +18,7 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 
 echo "== 1. CUDA tests (buffers, frames, prefetch, the algorithms' CUDA runs)"
 timeout 120 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests/test_replay.py tests/test_prioritized.py \
-  tests/test_frames.py tests/test_prefetch.py tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
+  tests/test_frames.py tests/test_prefetch.py tests/test_learner.py tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
 
 echo "== 2. one update: eager, torch.compile, compile + CUDA graph"
 timeout 120 python3 benchmarks/gpu_updates.py --out "$OUT/gpu_updates.json" 2>&1 | grep -v Warning | tail -8

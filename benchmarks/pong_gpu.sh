@@ -29,9 +29,9 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 if [ "${PONG_TESTS:-1}" != 0 ]; then
-  echo "== the buffers' CUDA tests"
+  echo "== the buffers' and the graphed learner's CUDA tests"
   timeout 75 python3 -m pytest -q -ra -n 4 -m cuda -p no:cacheprovider tests/test_prioritized.py tests/test_replay.py \
-    tests/test_frames.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -12
+    tests/test_frames.py tests/test_learner.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -12
 fi
 echo "== per_dqn on Pong"
 PONG_SECONDS=${PONG_SECONDS:-480} PONG_FLAGS=${PONG_FLAGS---cuda --compile --cudagraphs --num-envs 8 --threads 8} \

@@ -16,35 +16,37 @@ from tensordict import TensorDict, TensorDictBase, from_module
 import harness.run
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
 from harness import adam, stacked
+from harness.run import LearnerGraphs
 from tests.algo_utils import load_algo, parse, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn")}
 pytestmark = pytest.mark.usefixtures("main_in_tmp_path")  # see conftest.py
 
 
-def built(name: str, seeds: list[int], compile_update: bool):
+def built(name: str, seeds: list[int], compile_update: bool, device: str = "cpu"):
     """What main builds for the learner (networks, target, Adam, a buffer of 200 random CartPole-shaped transitions
     per seed), from torch seed 0, so that two calls build equal states."""
     algo = ALGOS[name]
     args = tiny_args(algo, num_seeds=len(seeds), batch_size=16, tau=0.5, loss="mse")
     torch.manual_seed(0)
     network = partial(algo.QNetwork, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
-    q_network = stacked(network, seeds)
+    q_network = stacked(network, seeds).to(device)
     params = from_module(q_network).data
     target_params = params.clone()
     with torch.device("meta"):
         target_network = stacked(network, seeds)
     target_params.to_module(target_network)
-    optimizer = adam(q_network.parameters(), len(seeds), lr=torch.tensor(1e-3))
+    optimizer = adam(q_network.parameters(), len(seeds), lr=torch.tensor(1e-3, device=device),
+                     capturable=device == "cuda")
     n = len(seeds)
-    rb = PrioritizedReplayBuffer(1000, 0.6, 0.4, 1e-6, seed=3, num_seeds=n) if name == "per_dqn" else \
-        ReplayBuffer(1000, seed=3, num_seeds=n)
+    rb = PrioritizedReplayBuffer(1000, 0.6, 0.4, 1e-6, device, seed=3, num_seeds=n) if name == "per_dqn" else \
+        ReplayBuffer(1000, device, seed=3, num_seeds=n)
     g = torch.Generator().manual_seed(1)
     shape = [n, 200] if n > 1 else [200]
     rb.extend(TensorDict(obs=torch.randn(*shape, 4, generator=g), action=torch.randint(3, shape, generator=g),
                          reward=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, 4, generator=g),
                          terminated=torch.rand(shape, generator=g) < 0.1,
-                         discount=torch.full(shape, 0.99), batch_size=shape))
+                         discount=torch.full(shape, 0.99), batch_size=shape).to(device))
     update = algo.make_update(q_network, target_network, optimizer, args)
     if compile_update:
         update = torch.compile(update, dynamic=False)
@@ -145,3 +147,31 @@ def test_vector_atari_keeps_one_update_per_agent_step_and_the_target_period(monk
         summary = algo.main(args)
         seen[num_envs] = (summary["global_step"], summary["updates"], len(lerps))
     assert seen[1] == seen[8] == (480, 320, 5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_graphed_learner_step_equals_the_eager_one_on_cuda():
+    """per_dqn's learner as --cudagraphs replays it (LearnerGraphs: each (steps, moves) pair run eagerly twice, then
+    captured with the buffer's generator and replayed) leaves everything as the eager learner on CUDA, bit for bit,
+    over the schedule three times. Fails if a replay draws the same uniforms again (generator not registered), keeps
+    a value the host saw at capture (the buffer's count, beta), or misses the priorities or the target moves."""
+    graphed, eager = built("per_dqn", [1], False, "cuda"), built("per_dqn", [1], False, "cuda")
+    make = ALGOS["per_dqn"].make_learner
+    learn = LearnerGraphs(make(graphed.update, graphed.rb, graphed.params, graphed.target_params, graphed.args),
+                          graphed.rb, warmup=2)
+    learn_eagerly = make(eager.update, eager.rb, eager.params, eager.target_params, eager.args)
+    g = torch.Generator()
+    for i, (steps, moves) in enumerate(SCHEDULE * 3):
+        for state in (graphed, eager):  # the buffer grows and beta moves between iterations, as in the loop
+            g.manual_seed(5 + i)  # the same transitions for both
+            state.rb.beta = 0.4 + 0.02 * i
+            state.rb.extend(TensorDict(obs=torch.randn(4, 4, generator=g), action=torch.randint(3, (4,), generator=g),
+                                       reward=torch.randn(4, generator=g), next_obs=torch.randn(4, 4, generator=g),
+                                       terminated=torch.zeros(4, dtype=torch.bool), discount=torch.full((4,), 0.99),
+                                       batch_size=[4]).to("cuda"))
+        learn(steps, moves)
+        learn_eagerly(steps, moves)
+    torch.cuda.synchronize()
+    assert len(learn.graphs) == len(set(SCHEDULE))
+    assert all(torch.equal(a, b) for a, b in zip(everything(graphed), everything(eager), strict=True))
