@@ -229,7 +229,7 @@ def main(args: Args) -> dict | list[dict]:
             rb.beta = args.beta_start + annealed(global_step, args) * (1.0 - args.beta_start)  # PER: beta to 1
             steps = crossed(args.train_frequency, previous, global_step) * args.gradient_steps  # N envs: N x
             metrics = learn(steps, crossed(args.target_network_frequency, previous, global_step))
-            if crossed(100, updates, updates := updates + steps):  # metrics every 100 updates: a host read
+            for _ in range(crossed(100, updates, updates := updates + steps)):  # per 100 updates: the last's metrics
                 run.log(global_step, {f"losses/{k}": v for k, v in metrics.items()}
                         | {"charts/beta": rb.beta})
         run.end_of_step(previous, global_step, obs, (global_step, updates))  # progress, evaluations, checkpoints
