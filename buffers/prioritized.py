@@ -146,19 +146,20 @@ class SegmentTree:
     def _update_scratch(self, count: int) -> list[tuple]:
         """update's memory for `count` slots, per level: the gathered rows of children, the adds of their pairwise
         sums, the rows whose minimum is taken, and the [2, count] sums and minimums (and a view of the minimums).
-        Made on the first update of `count` slots and reused (a training loop updates one or two sizes), so each
-        step of the sums is one op, with no view to make."""
-        scratch = self._scratch["update"].get(count)
+        Kept for up to 32 sizes of at most 4096 slots (a training loop has a few: its batch, its envs), so that
+        each add is one op with no view to make, and never dropped: a captured CUDA graph may write into it.
+        Other sizes get new memory on each call."""
+        kept = self._scratch["update"]
+        scratch = kept.get(count)
         if scratch is None:
-            if len(self._scratch["update"]) >= 8:  # many sizes (tests): start over rather than grow
-                self._scratch["update"].clear()
             scratch = []
             for depth in range(len(self.levels)):
                 rows = self.leaves.new_empty((count, self.arity) if depth == 0 else (2, count, self.arity))
                 parents = self.leaves.new_empty(2, count)
                 sums_of, mins_of = (rows, rows) if depth == 0 else rows
                 scratch.append((rows, _pairwise_adds(sums_of, parents[0]), mins_of, parents, parents[1]))
-            self._scratch["update"][count] = scratch
+            if count <= 4096 and len(kept) < 32:
+                kept[count] = scratch
         return scratch
 
     def assign(self, leaves: torch.Tensor) -> None:
@@ -188,8 +189,8 @@ class SegmentTree:
         empty interval there; on CUDA the kernel's order, so for a mass within rounding of a
         boundary the leaf found may differ from the CPU's, and may be a zero leaf next to the
         boundary. Elsewhere both find the same leaf. Clamping the mass into each row (which would
-        rule out a zero leaf on the CPU) cost 20% of find_prefix, and a search in the pairwise
-        order (the same leaf on every device) several times more, so neither is done.
+        rule out a zero leaf on the CPU) cost 20% of find_prefix, and a binary search in the
+        pairwise order (the same leaf on every device) about ten times its time, so neither is done.
         """
         # upper[j + 1] = the mass up to and including top entry j; upper[0] = 0, the mass before entry 0.
         upper, upper_tail, upper_inner, total = self._scratch["upper"]

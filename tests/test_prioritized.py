@@ -410,6 +410,32 @@ def test_the_sums_do_not_depend_on_the_order_of_a_scan(shape):
         assert torch.equal(total, trees[0][1])
 
 
+def test_update_keeps_its_memory_for_a_few_sizes_and_never_drops_it(device):
+    """update's memory (for the adds of the pairwise sums) is kept for up to 32 sizes of at most 4096
+    slots and never dropped, since a CUDA graph captured over an update writes into it on each replay:
+    after updates of 100 other sizes, the first size's memory is the same, no more sizes are kept,
+    and the tree is still exact. Seed 7."""
+    rng = np.random.default_rng(7)
+    capacity = 5000
+    tree = make_tree(capacity, device, "wide")
+    reference = np.zeros(capacity)
+
+    def update(count: int) -> None:
+        slots = rng.choice(capacity, size=count, replace=False)
+        reference[slots] = random_leaves(rng, count)
+        tree.update(torch.as_tensor(slots, device=device), torch.as_tensor(reference[slots], device=device))
+
+    update(256)
+    memory = [rows.data_ptr() for rows, *_ in tree._scratch["update"][256]]
+    for count in [*range(1, 100), 4097]:
+        update(count)
+    update(256)
+    kept = tree._scratch["update"]
+    assert [rows.data_ptr() for rows, *_ in kept[256]] == memory
+    assert len(kept) == 32 and max(kept) <= 4096 and 4097 not in kept
+    assert_tree_exact(tree, reference)
+
+
 def test_bad_segment_tree_arguments():
     with pytest.raises(ValueError, match="arity must be >= 2"):
         SegmentTree(4, arity=1)
@@ -945,6 +971,15 @@ def test_gpu_tree_benchmark_runs_on_the_cpu(capsys):
     assert list(result["results"]) == ["eager"]
     assert result["results"]["eager"]["ms_per_step"] > 0
     assert "graph            skipped: needs CUDA" in capsys.readouterr().out
+
+
+def test_pairwise_descent_benchmark_runs(capsys):
+    """benchmarks/pairwise_descent.py, small: both descents timed, and they find the same leaves."""
+    from benchmarks import pairwise_descent
+
+    result = pairwise_descent.main(["--capacity", "3000", "--blocks", "2", "--calls", "2"])
+    assert result["agree"] > 0.99 and all(us > 0 for us in result["us"].values())
+    assert "the same leaf for" in capsys.readouterr().out
 
 
 @pytest.mark.slow
