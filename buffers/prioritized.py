@@ -25,7 +25,8 @@ Invariants kept here (tests/test_prioritized.py checks each):
   priority updates, so P(i) and the largest weight are exact over the sampleable transitions.
 - Many seeds (num_seeds=N): each seed's tree is a slice of one tree (SegmentTree.stacked), with its
   own largest priority and minimum; one descent samples every seed, each with its own draws, and one
-  update writes every seed's priorities: the same leaves, draws and weights, bit for bit, as N buffers.
+  update writes every seed's priorities: the same leaves, draws and weights, bit for bit, as N buffers
+  (on CUDA a draw within rounding of a boundary may differ, as above).
 
 Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
 cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
@@ -104,8 +105,7 @@ class SegmentTree:
         self._leaf_rows = self.leaves.view(-1, self.arity)
         self._rows = [level.view(2, -1, self.arity) for level in self.levels[:-1]]
         self._descent_rows = [rows[0] for rows in reversed(self._rows)] + [self._leaf_rows]
-        # Scratch, no state (a copy of the tree need not match it): find_prefix's cumulative sums
-        # of the top level after a 0, as (whole, written part, searched part, total) views.
+        # Scratch, no state (a copy of the tree need not match it): see _tree_scratch.
         self._scratch = _tree_scratch(width, device)
 
     @property
@@ -328,10 +328,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     - "deferred" (the default on CUDA): it queues device work only. Bad entries are masked out
       (their items keep the priority they had, so they never reach the tree) and counted on the
       device; the valid entries of the same call are applied. The counts are read back, and a
-      ValueError naming them raised (once; the counts then restart from 0), every
-      `check_interval` eager calls, by `check()`, and by `state_dict()`. Inside torch.compile or
-      CUDA graph capture the periodic read is skipped (a host read is not allowed there): call
-      `check()` yourself at a low rate, e.g. when logging.
+      ValueError naming them raised (once; the counts then restart from 0), `check_interval` eager
+      calls after the last read (a call whose entries are all stale counts too), by `check()`, and
+      by `state_dict()` (so a buffer saved and loaded counts its calls from 0 on both sides).
+      Inside torch.compile or CUDA graph capture the periodic read is skipped (a host read is not
+      allowed there): call `check()` yourself at a low rate, e.g. when logging.
     A wrong dtype or a count of priorities that differs from the count of indices is known without
     reading the device and raises at once in both modes, changing nothing. Indices of items
     overwritten since they were sampled are dropped silently in both modes (that is not an error).
@@ -695,8 +696,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return leaves[0].clone() if self.num_seeds == 1 else leaves
 
     def check(self) -> None:
-        """Raise ValueError if deferred validation dropped entries since the last check (one host read)."""
+        """Raise ValueError if deferred validation dropped entries since the last check (one host read); the
+        next periodic check is `check_interval` calls after this one."""
         counts = self._rejected.tolist()
+        self._calls = 0
         if not any(counts):
             return
         self._rejected.zero_()

@@ -505,9 +505,9 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
         size = len(prb)
         np.testing.assert_allclose(leaves_of(prb)[:size], ref.live, rtol=1e-13, atol=0)
         assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
-        assert_tree_exact(prb.tree)
+        assert_tree_exact(prb.tree)  # the minimum too, exactly, from the leaves
         assert (leaves_of(prb)[size:] == 0).all()
-        assert prb.tree.minimum.item() == ref.live.min()
+        assert prb.tree.minimum.item() == pytest.approx(ref.live.min(), rel=1e-13)  # pow as the leaves
     assert prb.written > capacity and duplicates > 1000 and stale > 100
     prb.check()  # nothing was rejected
 
@@ -543,17 +543,24 @@ def test_new_items_get_the_largest_priority_stored_so_far(device):
     assert_tree_exact(prb.tree)
 
 
-def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
-    prb = PrioritizedReplayBuffer(8, alpha=0.6, device=device, seed=0)
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
+def test_a_stale_update_is_ignored(device, snapshot, tree_shape, validation):
+    """A call whose indices are all stale changes nothing, the tree included (its parents are
+    recomputed from unchanged leaves: the same bits); with deferred validation (the default on
+    CUDA) it still counts as a call toward the next periodic check (it cannot know, without a host
+    read, that nothing was applied)."""
+    prb = PrioritizedReplayBuffer(8, alpha=0.6, device=device, seed=0, validation=validation)
     fill(prb, 8)
     index = prb.sample(32)["index"]
     assert set(index.tolist()) <= set(range(8))
     fill(prb, 5, start=8)  # items 0..4 are overwritten by 8..12; 5..7 are still stored
     stale = index[index < 5]
     assert stale.numel() > 0
-    before = snapshot(prb)
+    kind, before = snapshot(prb)
     prb.update_priority(stale, torch.full((stale.numel(),), 50.0))
-    assert snapshot(prb) == before  # the new items in those slots keep their priority
+    kind, after = snapshot(prb)
+    assert after.pop("_calls") == before.pop("_calls") + (validation == "deferred")
+    assert after == before  # the new items in those slots keep their priority
 
     # In a mixed call the live indices are updated and the stale ones still ignored.
     prb.update_priority(torch.tensor([0, 6, 3, 12]), torch.tensor([50.0, 2.0, 50.0, 3.0]))
@@ -702,9 +709,12 @@ def test_same_seed_same_samples_and_weights(device):
 # ---- checkpoints -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
 @pytest.mark.parametrize("capacity, written", [(40, 90), (3000, 2000)], ids=["wrapped", "partly-filled"])
-def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_shape, capacity, written):
-    """The trees are saved as their leaves and rebuilt on load; the copy must be bit-identical.
+def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_shape, capacity, written, validation):
+    """The trees are saved as their leaves and rebuilt on load; the copy must be bit-identical, in
+    both validation modes (deferred: state_dict's check restarts the count of calls to the next
+    periodic check, which the copy starts from 0).
 
     Compared with `written_part`: in a buffer that is not full, the storage rows never written
     hold uninitialised memory (torch.empty), whose NaN bit patterns a copy need not keep."""
@@ -713,12 +723,14 @@ def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_s
         kind, attributes = snapshot(prb)
         return kind, {**attributes, "storage": snapshot(prb.storage[: len(prb)])}
 
-    original, _ = prioritized(device, capacity=capacity, written=written, alpha=0.7, beta=0.3, eps=1e-3, seed=6)
+    original, _ = prioritized(device, capacity=capacity, written=written, alpha=0.7, beta=0.3, eps=1e-3, seed=6,
+                              validation=validation)
     original.sample(16)
     path = tmp_path / "prb.pt"
     torch.save(original.state_dict(), path)
 
-    copy = PrioritizedReplayBuffer(capacity, alpha=0.1, beta=0.9, eps=0.5, device=device, seed=123)
+    copy = PrioritizedReplayBuffer(capacity, alpha=0.1, beta=0.9, eps=0.5, device=device, seed=123,
+                                   validation=validation)
     copy.load_state_dict(torch.load(path, weights_only=True))
     assert (copy.alpha, copy.beta, copy.eps) == (0.7, 0.3, 1e-3)
     assert written_part(copy) == written_part(original)  # storage, trees, max priority, generator, ...
