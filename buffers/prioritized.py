@@ -190,13 +190,15 @@ class SegmentTree:
         boundary the leaf found may differ from the CPU's, and may be a zero leaf next to the
         boundary. Elsewhere both find the same leaf. Clamping the mass into each row (which would
         rule out a zero leaf on the CPU) cost 20% of find_prefix, and a binary search in the
-        pairwise order (the same leaf on every device) about ten times its time, so neither is done.
+        pairwise order (the same leaf on every device) 12 times its time at 1M leaves
+        (benchmarks/pairwise_descent.py), so neither is done.
         """
         # upper[j + 1] = the mass up to and including top entry j; upper[0] = 0, the mass before entry 0.
         upper, upper_tail, upper_inner, total = self._scratch["upper"]
         torch.cumsum(self.levels[-1][0], 0, out=upper_tail)
         if relative:
             mass = mass * total
+        # Searching all but the last boundary puts a mass at or past the end on the last entry.
         node = torch.searchsorted(upper_inner, mass, right=True)
         return self._descend(node, mass - upper.index_select(0, node))
 
