@@ -9,7 +9,8 @@ blocks (buffers.time_interleaved: which one goes first alternates too), so backg
 machine's state hit every version alike; a separate run of buffers.py per version does not (TorchRL's
 time moved by 40% between two such runs on a quiet machine). Prints thread CPU time, median per call,
 for each run, and the speed-ups against TorchRL. The other checkout's `buffers` is imported under
-another name, so it needs the same dependencies as this one's.
+another name, so it needs the same dependencies as this one's. `--tree` also times the sum tree's parts,
+ours and the other's, in the same blocks: `update` of 256 slots (full_rows) and `find_prefix` of 256 draws.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main() -> None:
     parser.add_argument("--other", type=Path, help="another checkout of this repository, to time its buffers too")
     parser.add_argument("--runs", type=int, default=3, help="repeat the side-by-side timing this many times")
     parser.add_argument("--rounds", type=int, default=30, help="alternating blocks per run")
+    parser.add_argument("--tree", action="store_true",
+                        help="also time the sum tree's parts, ours and the other checkout's: an update of 256 slots "
+                             "and a descent of 256 draws")
     args = parser.parse_args()
     bench = load("buffers_bench", HERE / "buffers.py")  # puts this checkout's root first on sys.path
     torch.set_num_threads(1)
@@ -74,14 +78,26 @@ def main() -> None:
     ops = {name: (lambda i, name=name: buffers[name].sample_and_update(td_errors[name][i % 8])) for name in buffers}
     print(f"PER sample + update, vector case, 1M items, batch {bench.BATCH}, one torch thread; thread CPU time, "
           f"median per call (us){'; torchrl ' + version if prioritized_ok else ''}")
+    if args.tree:  # the same slots, values and fractions for every version
+        generator = torch.Generator().manual_seed(2)
+        slots = torch.randint(0, case.capacity, (bench.BATCH,), generator=generator)
+        values = torch.rand(bench.BATCH, generator=generator, dtype=torch.float64)
+        fraction = torch.rand(bench.BATCH, generator=generator, dtype=torch.float64)
+        for name in [name for name in buffers if name != "torchrl"]:
+            tree = buffers[name].rb.tree
+            ops[f"{name}:update"] = lambda i, tree=tree: tree.update(slots, values, True)
+            ops[f"{name}:find_prefix"] = lambda i, tree=tree: tree.find_prefix(fraction, relative=True)
     for run in range(args.runs):
         times = bench.time_interleaved(ops, lambda: None, 10.0, rounds=args.rounds, max_repeats=3000)
         median = {name: 1e6 * statistics.median(cpu_s for _, cpu_s in t) for name, t in times.items()}
-        line = "  ".join(f"{name} {us:.1f}" for name, us in median.items())
+        line = "  ".join(f"{name} {us:.1f}" for name, us in median.items() if ":" not in name)
         if "torchrl" in median:
             line += "  | speed-up (torchrl / x): " + "  ".join(
-                f"{name} {median['torchrl'] / us:.2f}x" for name, us in median.items() if name != "torchrl")
+                f"{name} {median['torchrl'] / us:.2f}x" for name, us in median.items() if name != "torchrl"
+                and ":" not in name)
         print(f"run {run + 1}: {line}", flush=True)
+        if args.tree:
+            print("  tree: " + "  ".join(f"{name} {us:.1f}" for name, us in median.items() if ":" in name), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,13 @@ Invariants kept here (tests/test_prioritized.py checks each):
 - New items get the largest stored priority seen so far (1.0 at the start).
 - Every internal node is recomputed from its children on each update, never adjusted by a
   difference, so the tree cannot drift; float64 keeps items reachable at 1M capacity.
+- One order for every sum: each sum the tree stores, and its total, is the pairwise sum of a row
+  of children, made of elementwise adds only, so the same leaves give the same tree, bit for bit,
+  on the CPU and on CUDA, whatever the path to them (updates of any size, a rebuild on
+  load_state_dict, an ignored stale update, a seed's part of a stacked tree), eager or compiled.
+  What CUDA does not promise: the descent's cumulative sums are torch.cumsum's, left to right on
+  the CPU and in the kernel's order on CUDA, so a draw within rounding of a boundary of the
+  cumulative mass may go to the other neighbour there (see SegmentTree.find_prefix).
 - Sampling is stratified: [0, total) is cut into batch_size equal segments, one draw in each.
 - weight_i = (N P(i)) ** -beta / max_j (N P(j)) ** -beta = (stored_i / min_j stored_j) ** -beta,
   with the minimum over the whole buffer (the tree keeps it), so weights lie in (0, 1].
@@ -18,7 +25,8 @@ Invariants kept here (tests/test_prioritized.py checks each):
   priority updates, so P(i) and the largest weight are exact over the sampleable transitions.
 - Many seeds (num_seeds=N): each seed's tree is a slice of one tree (SegmentTree.stacked), with its
   own largest priority and minimum; one descent samples every seed, each with its own draws, and one
-  update writes every seed's priorities: the same leaves, draws and weights, bit for bit, as N buffers.
+  update writes every seed's priorities: the same leaves, draws and weights, bit for bit, as N buffers
+  (on CUDA a draw within rounding of a boundary may differ, as above).
 
 Why wide trees: on small observations the cost of PER is the number of tiny tensor ops (and the
 cache misses of the leaves), not the bytes they touch. A binary tree over 1M leaves takes 20
@@ -58,15 +66,24 @@ class SegmentTree:
     neither root. Sums and minimums share each level so that one gather and one write serve both,
     and the leaves are stored once.
 
-    No drift, and one answer on every path: a parent is always recomputed from its row of
-    children, never adjusted by a difference, and a sum is always the left-to-right sum of the
-    row (the last entry of its cumsum; the same order as the descent's cumulative sums). So every
-    level equals the reduction of the level below bit for bit, as if rebuilt from the leaves, and
-    eager code and torch.compile'd code (which would reorder a `sum`) write the same values.
+    No drift, and one answer on every path and device: a parent is always recomputed from its
+    row of children, never adjusted by a difference, and every sum, the total too, is the row's
+    pairwise sum: adjacent entries added in pairs, then those sums in pairs, and so on, a row
+    padded with zeros to a power of two (_pairwise_adds). These are elementwise adds of two
+    numbers, each exactly rounded on any device, where a `sum` or `cumsum` leaves the order to its
+    kernel (torch's CUDA cumsum is a parallel scan whose order depends on the tensor's shape, and
+    inductor reorders a `sum`). So every level equals the reduction of the level below bit for
+    bit, as if rebuilt from the leaves, on the CPU and CUDA, for any number of rows updated at
+    once, in a lone tree and in a part of a stacked one, eager and compiled.
+
+    The descent (find_prefix) does not use the stored order: it searches each row with
+    torch.cumsum, one op, where a cumulative sum in the pairwise order would take about ten. See
+    find_prefix for what that leaves to rounding and to the device.
 
     Cost: on small tensors each torch op costs a few microseconds whatever its size, and cache
-    misses on the leaves cost about as much again; an update takes about eight ops per level for
-    both reductions, a descent seven. A wide `arity` and `top` keep the levels few: 1M leaves with
+    misses on the leaves cost about as much again; an update takes a gather, log2(arity) adds
+    (into memory kept per batch size, so each add is one op), the minimums and a write per level,
+    a descent seven ops per level. A wide `arity` and `top` keep the levels few: 1M leaves with
     arity 32 and top 32768 take 2 levels (against 20 in a binary tree); a third level, or a top
     searched in two steps, measured slower.
     """
@@ -88,14 +105,12 @@ class SegmentTree:
         self._leaf_rows = self.leaves.view(-1, self.arity)
         self._rows = [level.view(2, -1, self.arity) for level in self.levels[:-1]]
         self._descent_rows = [rows[0] for rows in reversed(self._rows)] + [self._leaf_rows]
-        # Scratch, no state (a copy of the tree need not match it): find_prefix's cumulative sums
-        # of the top level after a 0, as (whole, written part, searched part, total) views.
-        upper = torch.zeros(width + 1, dtype=torch.float64, device=device)
-        self._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}
+        # Scratch, no state (a copy of the tree need not match it): see _tree_scratch.
+        self._scratch = _tree_scratch(width, device)
 
     @property
     def total(self) -> torch.Tensor:
-        """The sum of all leaves (left to right over the top level), as a 0-d tensor (no host read)."""
+        """The sum of all leaves (the pairwise sum of the top level), as a 0-d tensor (no host read)."""
         return _row_sums(self.levels[-1][0])
 
     @property
@@ -115,13 +130,37 @@ class SegmentTree:
         skip the two ops that keep empty leaves out of them. A broken promise makes the minimum 0.
         """
         self.leaves.index_copy_(0, slots, values)
-        node = slots.div(self.arity, rounding_mode="floor")
-        row = self._leaf_rows.index_select(0, node)  # [k, arity]: the leaves under each node
-        self.levels[0].index_copy_(1, node, torch.stack([_row_sums(row), _positive_min(row, full_rows)]))
-        for rows, parents in zip(self._rows, self.levels[1:], strict=True):
+        node = slots
+        below = [self._leaf_rows, *self._rows]  # [n, arity] leaves, then [2, n, arity] sums and minimums
+        scratch = self._update_scratch(slots.numel())
+        for depth, (children, level, memory) in enumerate(zip(below, self.levels, scratch, strict=True)):
+            rows, adds, mins_of, parents, minimums = memory
             node = node.div(self.arity, rounding_mode="floor")
-            row = rows.index_select(1, node)  # [2, k, arity]: the children of each node
-            parents.index_copy_(1, node, torch.stack([_row_sums(row[0]), row[1].amin(1)]))
+            torch.index_select(children, children.dim() - 2, node, out=rows)  # each node's row of children
+            _run_adds(adds)  # their sums, into parents[0]
+            if depth == 0 and not full_rows:
+                mins_of = rows.where(rows > 0, math.inf)  # an empty leaf is no minimum
+            torch.amin(mins_of, -1, out=minimums)
+            level.index_copy_(1, node, parents)
+
+    def _update_scratch(self, count: int) -> list[tuple]:
+        """update's memory for `count` slots, per level: the gathered rows of children, the adds of their pairwise
+        sums, the rows whose minimum is taken, and the [2, count] sums and minimums (and a view of the minimums).
+        Kept for up to 32 sizes of at most 4096 slots (a training loop has a few: its batch, its envs), so that
+        each add is one op with no view to make, and never dropped: a captured CUDA graph may write into it.
+        Other sizes get new memory on each call."""
+        kept = self._scratch["update"]
+        scratch = kept.get(count)
+        if scratch is None:
+            scratch = []
+            for depth in range(len(self.levels)):
+                rows = self.leaves.new_empty((count, self.arity) if depth == 0 else (2, count, self.arity))
+                parents = self.leaves.new_empty(2, count)
+                sums_of, mins_of = (rows, rows) if depth == 0 else rows
+                scratch.append((rows, _pairwise_adds(sums_of, parents[0]), mins_of, parents, parents[1]))
+            if count <= 4096 and len(kept) < 32:
+                kept[count] = scratch
+        return scratch
 
     def assign(self, leaves: torch.Tensor) -> None:
         """Set all `capacity` leaves at once and rebuild every level from them."""
@@ -133,16 +172,26 @@ class SegmentTree:
     def find_prefix(self, mass: torch.Tensor, relative: bool = False) -> torch.Tensor:
         """For each mass (float64) in [0, total), the leaf j with sum(leaves[:j]) <= mass < sum(leaves[:j+1]).
 
-        With `relative`, `mass` is given as fractions of the total, in [0, 1) (saving the
-        reduction that reading `total` first would take).
+        With `relative`, `mass` is given as fractions, in [0, 1), of the top level's cumulative
+        sum, which the descent computes anyway (the total up to rounding; the same bits when the
+        sums are exact, e.g. on integer leaves).
 
         The descent searches the top level as one row, then the row of each chosen node's
         children: it picks the entry whose cumulative-sum interval holds the mass, subtracts the
         mass of the entries before it, and goes down. With exact partial sums (e.g. integer
         leaves) the answer is exact and never a zero leaf. Otherwise a mass within rounding of a
-        boundary may go to a neighbour, and a mass at or past the end of a row goes to its last
-        entry: in a buffer, where zero leaves only follow the last item, the caller clamps that
-        back into the filled range.
+        boundary may go to a neighbour, and a mass at or past the end of a row (a row's cumulative
+        sum and the pairwise sum its parent stores differ by rounding) goes to its last entry: in a
+        buffer, where zero leaves only follow the last item, the caller clamps that back into the
+        filled range (frame mode redraws a dropped one).
+
+        The cumulative sums are torch.cumsum's: left to right on the CPU, so a zero leaf has an
+        empty interval there; on CUDA the kernel's order, so for a mass within rounding of a
+        boundary the leaf found may differ from the CPU's, and may be a zero leaf next to the
+        boundary. Elsewhere both find the same leaf. Clamping the mass into each row (which would
+        rule out a zero leaf on the CPU) cost 20% of find_prefix, and a binary search in the
+        pairwise order (the same leaf on every device) 12 times its time at 1M leaves
+        (benchmarks/pairwise_descent.py), so neither is done.
         """
         # upper[j + 1] = the mass up to and including top entry j; upper[0] = 0, the mass before entry 0.
         upper, upper_tail, upper_inner, total = self._scratch["upper"]
@@ -173,15 +222,16 @@ class SegmentTree:
             part._leaf_rows = part.leaves.view(-1, like.arity)
             part._rows = [level.view(2, -1, like.arity) for level in part.levels[:-1]]
             part._descent_rows = [rows[0] for rows in reversed(part._rows)] + [part._leaf_rows]
-            upper = torch.zeros(width + 1, dtype=torch.float64, device=like.leaves.device)
-            part._scratch = {"upper": (upper, upper[1:], upper[1:-1], upper[-1])}
+            part._scratch = _tree_scratch(width, like.leaves.device)
             views.append(part)
         return whole, views
 
     def find_prefix_parts(self, fraction: torch.Tensor) -> torch.Tensor:
         """find_prefix(relative=True) of each part of a `stacked` tree at once: row i of `fraction` [parts, B] is
         searched in part i; returns each draw's leaf within its part [parts, B]. The same leaves, bit for bit,
-        as each part's own find_prefix (the same cumulative sums, then one descent for all parts)."""
+        as each part's own find_prefix (the same cumulative sums, then one descent for all parts); on CUDA a
+        mass within rounding of a boundary may go to the other neighbour (a scan of [parts, width] is not the
+        kernel of a lone tree's scan of [width]; see find_prefix)."""
         parts, width = fraction.shape[0], self.levels[-1].shape[1] // fraction.shape[0]
         upper = self.levels[-1][0].view(parts, width).cumsum(1)  # each part's top level on its own
         mass = fraction * upper[:, -1:]
@@ -219,10 +269,49 @@ def _lane_pow_(x: torch.Tensor, exponent: float | torch.Tensor, out: torch.Tenso
     return x.copy_(result) if out is None else out.copy_(result)
 
 
+def _tree_scratch(width: int, device: str | torch.device) -> dict:
+    """A tree's scratch: find_prefix's cumulative sums of a top level of `width` entries after a 0, as (whole,
+    written part, searched part, total) views; update's memory, by the number of slots updated."""
+    upper = torch.zeros(width + 1, dtype=torch.float64, device=device)
+    return {"upper": (upper, upper[1:], upper[1:-1], upper[-1]), "update": {}}
+
+
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
-    """Left-to-right sums along the last dimension (the order does not depend on how torch or a
-    compiler would vectorise a `sum`; see SegmentTree)."""
-    return rows.cumsum(-1)[..., -1]
+    """The sum of each row (the last dimension) in pairwise order (see _pairwise_adds)."""
+    sums = rows.new_empty(rows.shape[:-1])
+    _run_adds(_pairwise_adds(rows, sums))
+    return sums
+
+
+def _pairwise_adds(rows: torch.Tensor, out: torch.Tensor) -> list[tuple]:
+    """The adds that write the sum of each row of `rows` (the last dimension) into `out`, in pairwise order:
+    adjacent entries added in pairs, then those sums in pairs, and so on; a row of odd length passes its last
+    entry up unchanged, which is what padding it with zeros to a power of two would give (x + 0 == x).
+
+    Each step (a, b, into) means into = a + b, or into = a where b is None; a, b and into are views of `rows`,
+    `out` and memory allocated here, so the steps can be run again whenever `rows` holds new values (update
+    does, with one op per step). Only elementwise adds of two numbers: every device, every number of rows and
+    every compiler gives the same bits, which a `sum` or `cumsum` (whose order is the kernel's) does not.
+    """
+    steps = []
+    while rows.shape[-1] > 1:
+        half, odd = divmod(rows.shape[-1], 2)
+        into = out.unsqueeze(-1) if half + odd == 1 else rows.new_empty((*rows.shape[:-1], half + odd))
+        steps.append((*rows[..., : 2 * half].unflatten(-1, (half, 2)).unbind(-1), into[..., :half]))
+        if odd:
+            steps.append((rows[..., -1:], None, into[..., half:]))
+        rows = into
+    if not steps:  # rows of one entry
+        steps.append((rows.squeeze(-1), None, out))
+    return steps
+
+
+def _run_adds(steps: list[tuple]) -> None:
+    for a, b, into in steps:
+        if b is None:
+            into.copy_(a)
+        else:
+            torch.add(a, b, out=into)
 
 
 def _positive_min(rows: torch.Tensor, full_rows: bool = False) -> torch.Tensor:
@@ -241,10 +330,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     - "deferred" (the default on CUDA): it queues device work only. Bad entries are masked out
       (their items keep the priority they had, so they never reach the tree) and counted on the
       device; the valid entries of the same call are applied. The counts are read back, and a
-      ValueError naming them raised (once; the counts then restart from 0), every
-      `check_interval` eager calls, by `check()`, and by `state_dict()`. Inside torch.compile or
-      CUDA graph capture the periodic read is skipped (a host read is not allowed there): call
-      `check()` yourself at a low rate, e.g. when logging.
+      ValueError naming them raised (once; the counts then restart from 0), `check_interval` eager
+      calls after the last read (a call whose entries are all stale counts too), by `check()`, and
+      by `state_dict()` (so a buffer saved and loaded counts its calls from 0 on both sides).
+      Inside torch.compile or CUDA graph capture the periodic read is skipped (a host read is not
+      allowed there): call `check()` yourself at a low rate, e.g. when logging.
     A wrong dtype or a count of priorities that differs from the count of indices is known without
     reading the device and raises at once in both modes, changing nothing. Indices of items
     overwritten since they were sampled are dropped silently in both modes (that is not an error).
@@ -432,7 +522,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         mass; a draw that still fails after a few rounds descends over the positive leaves alone.
         """
         tree, generator, last_slot = self.trees[seed], self.generators[seed], self._last_slot[seed : seed + 1]
-        if not bool(tree.total > 0):
+        if not bool(tree.minimum < math.inf):  # no positive leaf (the minimum is one op, the total several)
             raise RuntimeError("no transition can be sampled: the frames of every stored one were overwritten")
         for _ in range(4):
             bad = tree.leaves.index_select(0, slots) == 0
@@ -608,8 +698,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return leaves[0].clone() if self.num_seeds == 1 else leaves
 
     def check(self) -> None:
-        """Raise ValueError if deferred validation dropped entries since the last check (one host read)."""
+        """Raise ValueError if deferred validation dropped entries since the last check (one host read); the
+        next periodic check is `check_interval` calls after this one."""
         counts = self._rejected.tolist()
+        self._calls = 0
         if not any(counts):
             return
         self._rejected.zero_()

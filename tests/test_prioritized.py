@@ -11,6 +11,7 @@ deferred validation (no host reads) and capture (torch.compile; CUDA graphs on a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from itertools import pairwise
@@ -59,15 +60,24 @@ def positive_min(values: np.ndarray, axis=None) -> np.ndarray:
     return np.where(values > 0, values, np.inf).min(axis=axis)
 
 
-def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> None:
-    """No drift: every level equals the reduction of the rows of the level below, bit for bit.
+def pairwise_sums(rows: np.ndarray) -> np.ndarray:
+    """Reference for the tree's sums: the sum of each row (last axis), the row padded with zeros to a power of
+    two, then adjacent entries added in pairs, those sums in pairs, and so on (numpy's elementwise adds)."""
+    width = 1 << (rows.shape[-1] - 1).bit_length()
+    rows = np.concatenate([rows, np.zeros((*rows.shape[:-1], width - rows.shape[-1]))], axis=-1)
+    while rows.shape[-1] > 1:
+        rows = rows[..., 0::2] + rows[..., 1::2]
+    return rows[..., 0]
 
-    Each level is compared, exactly, with the reductions of the rows of the level below computed
-    here over the whole level below, with torch on the tree's device and with numpy: the
-    left-to-right sum (the last entry of a cumsum), and the min (over the positive leaves for the
-    level above the leaves). Each level is [2, n] float64 (sums, minimums), with `arity` entries
-    per entry of the level above; the top has at most `top` entries. With `leaves`, the leaves
-    must equal them exactly, and the padding leaves are 0. The roots are the top's sum and min.
+
+def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> None:
+    """No drift, and the sums in their one order: every level equals, bit for bit, the numpy reference
+    reductions of the rows of the level below: pairwise sums (pairwise_sums), and minimums (over the
+    positive leaves for the level above the leaves). Each level is [2, n] float64 (sums, minimums), with
+    `arity` entries per entry of the level above; the top has at most `top` entries. With `leaves`, the
+    leaves must equal them exactly, and the padding leaves are 0. The roots, `total` and `minimum`, are
+    the pairwise sum and the minimum of the top level. The reference runs on the CPU whatever the tree's
+    device, so this also checks that a tree on CUDA holds the CPU's bits.
     """
     arity = tree.arity
     levels = tree.levels
@@ -80,21 +90,17 @@ def assert_tree_exact(tree: SegmentTree, leaves: np.ndarray | None = None) -> No
     if leaves is not None:
         assert np.array_equal(stored[: tree.capacity], leaves)
         assert (stored[tree.capacity :] == 0).all()
+    below = stored, stored  # over the leaves, the minimum skips the empty (zero) ones
     for depth, parents in enumerate(levels, start=1):
-        if depth == 1:  # over the leaves, the minimum skips the empty (zero) ones
-            rows = tree.leaves.view(-1, arity)
-            expected = torch.stack([rows.cumsum(1)[:, -1], torch.where(rows > 0, rows, math.inf).amin(1)])
-            numpy_sums = numpy_mins = stored.reshape(-1, arity)
-        else:
-            rows = levels[depth - 2].view(2, -1, arity)
-            expected = torch.stack([rows[0].cumsum(1)[:, -1], rows[1].amin(1)])
-            numpy_sums, numpy_mins = (row.cpu().numpy().reshape(-1, arity) for row in levels[depth - 2])
-        mismatch = torch.nonzero(parents != expected).tolist()
-        assert not mismatch, f"level {depth} entries (row, node) {mismatch[:8]} differ from their children's"
-        assert np.array_equal(parents[0].cpu().numpy(), np.cumsum(numpy_sums, axis=1)[:, -1])
-        assert np.array_equal(parents[1].cpu().numpy(), positive_min(numpy_mins, axis=1))
-    assert torch.equal(tree.total, levels[-1][0].cumsum(0)[-1])
-    assert torch.equal(tree.minimum, levels[-1][1].amin())
+        sums, minimums = parents.cpu().numpy()
+        for name, got, expected in [("sums", sums, pairwise_sums(below[0].reshape(-1, arity))),
+                                    ("minimums", minimums, positive_min(below[1].reshape(-1, arity), axis=1))]:
+            mismatch = np.flatnonzero(got != expected).tolist()
+            assert not mismatch, f"level {depth}: the {name} of nodes {mismatch[:8]} differ from their children's"
+        below = sums, minimums
+    assert tree.total.dtype == torch.float64 and tree.total.shape == ()
+    assert tree.total.item() == pairwise_sums(below[0])
+    assert tree.minimum.item() == positive_min(below[1])
 
 
 def leaves_of(prb: PrioritizedReplayBuffer) -> np.ndarray:
@@ -132,9 +138,9 @@ def test_segment_tree_layout(capacity, arity, top, sizes):
 def test_segment_tree_matches_a_numpy_reference(device, capacity, shape):
     """Hundreds of calls of random leaf writes, with repeated slots (each repeat carrying the same
     value, as update requires) and zeros (empty slots, which the minimums skip); after each call
-    every level is checked exactly against its children (assert_tree_exact), and at the end the
-    roots against the reference and the tree against one rebuilt from the reference leaves with
-    assign."""
+    every level is checked exactly against the reference reductions of its children
+    (assert_tree_exact), and at the end the roots against the reference and the tree against one
+    rebuilt from the reference leaves with assign."""
     rng = np.random.default_rng(capacity)
     tree = make_tree(capacity, device, shape)
     reference = np.zeros(capacity)
@@ -277,6 +283,159 @@ def test_root_stays_the_sum_of_the_leaves_after_a_million_updates(device):
     assert_tree_exact(tree)
 
 
+def random_leaves(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Float leaves over 12 orders of magnitude, a tenth of them 0: where the order of the adds shows."""
+    leaves = rng.exponential(size=size) * 10.0 ** rng.uniform(-6, 6, size=size)
+    leaves[rng.random(size) < 0.1] = 0.0
+    return leaves
+
+
+def assert_same_tree(a: SegmentTree, b: SegmentTree) -> None:
+    assert torch.equal(a.leaves, b.leaves)
+    assert all(torch.equal(x, y) for x, y in zip(a.levels, b.levels, strict=True))
+    assert torch.equal(a.total, b.total) and torch.equal(a.minimum, b.minimum)
+
+
+def test_pairwise_sums_are_not_the_left_to_right_sums():
+    """The reference order differs from a left-to-right sum on these leaves (seed 3), so the tests
+    comparing trees with pairwise_sums would catch sums taken in the other order."""
+    rows = random_leaves(np.random.default_rng(3), 32 * 100).reshape(100, 32)
+    assert not np.array_equal(pairwise_sums(rows), np.cumsum(rows, axis=1)[:, -1])
+    assert np.array_equal(pairwise_sums(np.array([[1.0, 2.0, 3.0]])), [(1.0 + 2.0) + 3.0])
+
+
+@pytest.mark.parametrize("shape", TREE_SHAPES)
+@pytest.mark.parametrize("capacity", [1000, 3000])
+def test_every_path_to_the_same_leaves_gives_the_same_tree(device, capacity, shape):
+    """The same leaves, reached by different paths, give one tree, bit for bit, equal to the
+    reference: assign; one update of every slot ([n, arity] rows); one update per slot ([1, arity]
+    rows); updates in batches of 1 to 300 slots in random order, over other values written first;
+    and a rewrite of some slots with the values they hold (what an ignored stale update does). The
+    same fractions then find the same leaves in all of them. Seed 4."""
+    rng = np.random.default_rng(4)
+    leaves = random_leaves(rng, capacity)
+    values = torch.as_tensor(leaves, device=device)
+    trees = [make_tree(capacity, device, shape) for _ in range(4)]
+    trees[0].assign(values)
+    trees[1].update(torch.arange(capacity, device=device), values)
+    for slot in range(capacity):
+        trees[2].update(torch.tensor([slot], device=device), values[slot : slot + 1])
+    trees[3].assign(torch.as_tensor(random_leaves(rng, capacity), device=device))
+    order = torch.as_tensor(rng.permutation(capacity), device=device)
+    sizes = iter(rng.choice([1, 2, 7, 32, 33, 256, 300], size=capacity))
+    start = 0
+    while start < capacity:
+        slots = order[start : start + next(sizes)]
+        trees[3].update(slots, values.index_select(0, slots))
+        start += slots.numel()
+    again = torch.as_tensor(rng.integers(0, capacity, size=50), device=device)
+    trees[3].update(again, values.index_select(0, again))
+    assert_tree_exact(trees[0], leaves)
+    fraction = torch.as_tensor(rng.uniform(0, 1, size=500), device=device)
+    found = trees[0].find_prefix(fraction, relative=True)
+    for tree in trees[1:]:
+        assert_same_tree(tree, trees[0])
+        assert torch.equal(tree.find_prefix(fraction, relative=True), found)
+
+
+@pytest.mark.parametrize("shape", TREE_SHAPES)
+def test_parts_of_a_stacked_tree_equal_lone_trees(device, shape):
+    """SegmentTree.stacked (a tree per seed as slices of one tree): parts written through the whole
+    tree's updates, in batches that mix the parts, or rebuilt each with assign (as load_state_dict
+    does), equal lone trees given the same leaves, bit for bit (levels, total, minimum), and one
+    descent of all parts finds the leaves each lone tree finds. Seed 5."""
+    rng = np.random.default_rng(5)
+    capacity, parts = 1000, 3
+    lone = [make_tree(capacity, device, shape) for _ in range(parts)]
+    whole, views = SegmentTree.stacked(lone[0], parts)
+    rebuilt_whole, rebuilt = SegmentTree.stacked(lone[0], parts)
+    size = views[0].leaves.numel()
+    leaves = [random_leaves(rng, capacity) for _ in range(parts)]
+    for part, tree in enumerate(lone):
+        tree.update(torch.arange(capacity, device=device), torch.as_tensor(leaves[part], device=device))
+        rebuilt[part].assign(torch.as_tensor(leaves[part], device=device))
+    everything = np.concatenate([part * size + np.arange(capacity) for part in range(parts)])
+    for slots in np.array_split(rng.permutation(everything), 37):
+        values = np.concatenate(leaves)[(slots // size) * capacity + slots % size]
+        whole.update(torch.as_tensor(slots, device=device), torch.as_tensor(values, device=device))
+    fraction = torch.as_tensor(rng.uniform(0, 1, size=(parts, 200)), device=device)
+    found = whole.find_prefix_parts(fraction)
+    for part, tree in enumerate(lone):
+        assert_tree_exact(tree, leaves[part])
+        assert_same_tree(views[part], tree)
+        assert_same_tree(rebuilt[part], tree)
+        assert torch.equal(found[part], tree.find_prefix(fraction[part], relative=True))
+    assert_same_tree(rebuilt_whole, whole)
+
+
+class ScanInAnotherOrder(torch.overrides.TorchFunctionMode):
+    """Stands in, on the CPU, for a device whose cumsum adds in another order (as CUDA's parallel scan
+    does): every cumsum becomes a Hillis-Steele scan (log2(n) rounds of y[j] += y[j - k])."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "cumsum":
+            return func(*args, **kwargs)
+        x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 else None)
+        scan, step = x.movedim(dim, -1), 1
+        while step < scan.shape[-1]:
+            scan = torch.cat([scan[..., :step], scan[..., step:] + scan[..., :-step]], -1)
+            step *= 2
+        scan = scan.movedim(-1, dim)
+        return scan if kwargs.get("out") is None else kwargs["out"].copy_(scan)
+
+
+@pytest.mark.parametrize("shape", TREE_SHAPES)
+def test_the_sums_do_not_depend_on_the_order_of_a_scan(shape):
+    """Trees built with every cumsum adding in another order (ScanInAnotherOrder), by updates and by
+    assign, equal the tree built with the CPU's own, bit for bit: no sum the tree stores, nor its
+    total, comes from a scan or a reduction whose order a device chooses. Seed 6."""
+    rng = np.random.default_rng(6)
+    capacity = 3000
+    leaves = torch.as_tensor(random_leaves(rng, capacity))
+    batches = np.array_split(rng.permutation(capacity), 23)
+    x = torch.rand(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with ScanInAnotherOrder():
+        assert not torch.equal(x.cumsum(1), torch.from_numpy(np.cumsum(x.numpy(), axis=1)))  # another order
+    trees = []
+    for order in (ScanInAnotherOrder, contextlib.nullcontext):
+        with order():
+            updated, assigned = make_tree(capacity, "cpu", shape), make_tree(capacity, "cpu", shape)
+            for slots in batches:
+                updated.update(torch.as_tensor(slots), leaves[slots])
+            assigned.assign(leaves)
+            trees += [(updated, updated.total), (assigned, assigned.total)]
+    for tree, total in trees[1:]:
+        assert_same_tree(tree, trees[0][0])
+        assert torch.equal(total, trees[0][1])
+
+
+def test_update_keeps_its_memory_for_a_few_sizes_and_never_drops_it(device):
+    """update's memory (for the adds of the pairwise sums) is kept for up to 32 sizes of at most 4096
+    slots and never dropped, since a CUDA graph captured over an update writes into it on each replay:
+    after updates of 100 other sizes, the first size's memory is the same, no more sizes are kept,
+    and the tree is still exact. Seed 7."""
+    rng = np.random.default_rng(7)
+    capacity = 5000
+    tree = make_tree(capacity, device, "wide")
+    reference = np.zeros(capacity)
+
+    def update(count: int) -> None:
+        slots = rng.choice(capacity, size=count, replace=False)
+        reference[slots] = random_leaves(rng, count)
+        tree.update(torch.as_tensor(slots, device=device), torch.as_tensor(reference[slots], device=device))
+
+    update(256)
+    memory = [rows.data_ptr() for rows, *_ in tree._scratch["update"][256]]
+    for count in [*range(1, 100), 4097]:
+        update(count)
+    update(256)
+    kept = tree._scratch["update"]
+    assert [rows.data_ptr() for rows, *_ in kept[256]] == memory
+    assert len(kept) == 32 and max(kept) <= 4096 and 4097 not in kept
+    assert_tree_exact(tree, reference)
+
+
 def test_bad_segment_tree_arguments():
     with pytest.raises(ValueError, match="arity must be >= 2"):
         SegmentTree(4, arity=1)
@@ -346,9 +505,9 @@ def test_priorities_match_a_reference_with_duplicates_stale_indices_and_overwrit
         size = len(prb)
         np.testing.assert_allclose(leaves_of(prb)[:size], ref.live, rtol=1e-13, atol=0)
         assert prb.max_priority.item() == pytest.approx(ref.max_priority, rel=1e-13)
-        assert_tree_exact(prb.tree)
+        assert_tree_exact(prb.tree)  # the minimum too, exactly, from the leaves
         assert (leaves_of(prb)[size:] == 0).all()
-        assert prb.tree.minimum.item() == ref.live.min()
+        assert prb.tree.minimum.item() == pytest.approx(ref.live.min(), rel=1e-13)  # pow as the leaves
     assert prb.written > capacity and duplicates > 1000 and stale > 100
     prb.check()  # nothing was rejected
 
@@ -384,17 +543,24 @@ def test_new_items_get_the_largest_priority_stored_so_far(device):
     assert_tree_exact(prb.tree)
 
 
-def test_a_stale_update_is_ignored(device, snapshot, tree_shape):
-    prb = PrioritizedReplayBuffer(8, alpha=0.6, device=device, seed=0)
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
+def test_a_stale_update_is_ignored(device, snapshot, tree_shape, validation):
+    """A call whose indices are all stale changes nothing, the tree included (its parents are
+    recomputed from unchanged leaves: the same bits); with deferred validation (the default on
+    CUDA) it still counts as a call toward the next periodic check (it cannot know, without a host
+    read, that nothing was applied)."""
+    prb = PrioritizedReplayBuffer(8, alpha=0.6, device=device, seed=0, validation=validation)
     fill(prb, 8)
     index = prb.sample(32)["index"]
     assert set(index.tolist()) <= set(range(8))
     fill(prb, 5, start=8)  # items 0..4 are overwritten by 8..12; 5..7 are still stored
     stale = index[index < 5]
     assert stale.numel() > 0
-    before = snapshot(prb)
+    kind, before = snapshot(prb)
     prb.update_priority(stale, torch.full((stale.numel(),), 50.0))
-    assert snapshot(prb) == before  # the new items in those slots keep their priority
+    kind, after = snapshot(prb)
+    assert after.pop("_calls") == before.pop("_calls") + (validation == "deferred")
+    assert after == before  # the new items in those slots keep their priority
 
     # In a mixed call the live indices are updated and the stale ones still ignored.
     prb.update_priority(torch.tensor([0, 6, 3, 12]), torch.tensor([50.0, 2.0, 50.0, 3.0]))
@@ -543,9 +709,12 @@ def test_same_seed_same_samples_and_weights(device):
 # ---- checkpoints -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("validation", ["immediate", "deferred"])
 @pytest.mark.parametrize("capacity, written", [(40, 90), (3000, 2000)], ids=["wrapped", "partly-filled"])
-def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_shape, capacity, written):
-    """The trees are saved as their leaves and rebuilt on load; the copy must be bit-identical.
+def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_shape, capacity, written, validation):
+    """The trees are saved as their leaves and rebuilt on load; the copy must be bit-identical, in
+    both validation modes (deferred: state_dict's check restarts the count of calls to the next
+    periodic check, which the copy starts from 0).
 
     Compared with `written_part`: in a buffer that is not full, the storage rows never written
     hold uninitialised memory (torch.empty), whose NaN bit patterns a copy need not keep."""
@@ -554,12 +723,14 @@ def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot, tree_s
         kind, attributes = snapshot(prb)
         return kind, {**attributes, "storage": snapshot(prb.storage[: len(prb)])}
 
-    original, _ = prioritized(device, capacity=capacity, written=written, alpha=0.7, beta=0.3, eps=1e-3, seed=6)
+    original, _ = prioritized(device, capacity=capacity, written=written, alpha=0.7, beta=0.3, eps=1e-3, seed=6,
+                              validation=validation)
     original.sample(16)
     path = tmp_path / "prb.pt"
     torch.save(original.state_dict(), path)
 
-    copy = PrioritizedReplayBuffer(capacity, alpha=0.1, beta=0.9, eps=0.5, device=device, seed=123)
+    copy = PrioritizedReplayBuffer(capacity, alpha=0.1, beta=0.9, eps=0.5, device=device, seed=123,
+                                   validation=validation)
     copy.load_state_dict(torch.load(path, weights_only=True))
     assert (copy.alpha, copy.beta, copy.eps) == (0.7, 0.3, 1e-3)
     assert written_part(copy) == written_part(original)  # storage, trees, max priority, generator, ...
@@ -812,6 +983,15 @@ def test_gpu_tree_benchmark_runs_on_the_cpu(capsys):
     assert list(result["results"]) == ["eager"]
     assert result["results"]["eager"]["ms_per_step"] > 0
     assert "graph            skipped: needs CUDA" in capsys.readouterr().out
+
+
+def test_pairwise_descent_benchmark_runs(capsys):
+    """benchmarks/pairwise_descent.py, small: both descents timed, and they find the same leaves."""
+    from benchmarks import pairwise_descent
+
+    result = pairwise_descent.main(["--capacity", "3000", "--blocks", "2", "--calls", "2"])
+    assert result["agree"] > 0.99 and all(us > 0 for us in result["us"].values())
+    assert "the same leaf for" in capsys.readouterr().out
 
 
 @pytest.mark.slow
