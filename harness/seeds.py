@@ -5,23 +5,29 @@
     grad_norm = clip_grad_norm(q_network.parameters(), max_norm, len(seeds))  # each seed's own norm
     model = seed_state_dict(q_network, i)         # seed i's state_dict, as the plain network's
 
-Invariant (tests/test_seeds.py and tests/test_harness.py check it on the CPU): row i of everything a pack computes
-is, bit for bit, what seed i's plain network computes alone (convolutions: to float rounding). Each seed's network
-is initialised under its own torch seed, as a lone run initialises it, then its layers are stacked:
+Invariant (tests/test_seeds.py, test_harness.py and test_pack_layers.py check it on the CPU): row i of everything a
+pack computes is, bit for bit, what seed i's plain network computes alone (convolutions: to float rounding). Each
+seed's network is initialised under its own torch seed, as a lone run initialises it, then its layers are stacked:
 
 - nn.Linear becomes SeedLinear, whose products (forward and backward) are the ones nn.Linear's autograd computes
-  for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one convolution).
+  for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one convolution). Both take one row per seed,
+  and a frozen layer (requires_grad False) stays frozen.
 - Any other layer of torch.nn that holds parameters or buffers (nn.LayerNorm, nn.BatchNorm1d, nn.Embedding,
   nn.PReLU, nn.GRUCell, nn.MultiheadAttention, ...) keeps its class and gets its tensors stacked [seeds, ...]; its
   forward runs once per seed, on that seed's rows and tensors (its running statistics updated in its own row), so
-  each seed computes exactly what it computes alone. Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are
-  looked into.
-- The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer) get a seed
-  dimension and a batch dimension of 1, [seeds, 1, ...], so they broadcast over [seeds, batch, ...]: use them
-  elementwise (a layer that multiplies by its own matrix belongs in a torch.nn layer, or in a module of its own
-  built from them).
-- Refused at start, with the layer's name and type: recurrent layers (nn.RNN, nn.LSTM, nn.GRU keep flat copies of
-  their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize) and tied parameters.
+  each seed computes exactly what it computes alone. Its tensor arguments (in tuples and lists too) are each seed's
+  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call shows (_each_seed).
+  Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are looked into.
+- The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer, an
+  nn.ParameterList or nn.ParameterDict) get a seed dimension and a batch dimension of 1, [seeds, 1, ...], so they
+  broadcast over [seeds, batch, ...] as alone over [batch, ...]: use them over one batch dimension in front of
+  their own (a layer that multiplies by its own matrix belongs in a torch.nn layer).
+- Refused at start, with the layer's name, type and why (_unstackable): recurrent layers (nn.RNN, nn.LSTM, nn.GRU
+  keep flat copies of their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize), modules with
+  hooks (the hook-based spectral_norm and weight_norm), embeddings with max_norm, and tied parameters.
+- Refused at the first call, before it computes (_first_call): a pack whose modules compute otherwise than each
+  seed alone (a 0-d temperature over [batch, actions], a shared tensor into nn.Linear), found by running each
+  seed's plain network on its rows and the pack on the same inputs.
 
 The plain modules need no change beyond working on any leading dimensions (nn.Flatten(-3), not Flatten(1)).
 docs/packs.md lists what a pack supports and how fast each path is.

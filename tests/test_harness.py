@@ -190,6 +190,7 @@ def logged(module: nn.Module, args, output) -> None:
      "hook-based torch.nn.utils.spectral_norm and weight_norm are such) would run on the pack's stacked tensors"),
     (lambda: nn.Sequential(nn.ReLU(), nn.utils.weight_norm(nn.Conv2d(3, 3, 1))), "1 (Conv2d): its hooks (WeightNorm;"),
     (lambda: _hooked(), "the network (Sequential): its hooks (logged;"),
+    (lambda: _hooked(backward=True), "the network (Sequential): its hooks (logged;"),
     (lambda: nn.Embedding(5, 3, max_norm=1.0), "the network (Embedding): max_norm renormalises the embedding's weight "
      "in place"),
     (lambda: nn.ModuleDict({"bag": nn.EmbeddingBag(5, 3, max_norm=1.0)}), "bag (EmbeddingBag): max_norm"),
@@ -198,16 +199,17 @@ def logged(module: nn.Module, args, output) -> None:
 @pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated")
 def test_a_layer_that_cannot_be_stacked_is_refused_with_its_name(make, message):
     """Recurrent, lazy and parametrized layers, hooks (the old hook-based spectral_norm and weight_norm, which
-    compute the weight from weight_orig before each call, and a forward hook), an embedding's in-place max_norm and
-    tied tensors: a PackError naming the module, its type and why, when stacked; one seed is the plain network."""
+    compute the weight from weight_orig before each call, a forward hook, a backward hook), an embedding's in-place
+    max_norm and tied tensors: a PackError naming the module, its type and why, when stacked; one seed is the plain
+    network."""
     with pytest.raises(PackError, match="^" + re.escape(message)):
         stacked(make, [1, 2])
     stacked(make, [1])  # one seed: the plain network, whatever it holds
 
 
-def _hooked() -> nn.Module:
+def _hooked(backward: bool = False) -> nn.Module:
     network = nn.Sequential(nn.Linear(3, 3))
-    network.register_forward_hook(logged)
+    (network.register_full_backward_hook if backward else network.register_forward_hook)(logged)
     return network
 
 

@@ -92,13 +92,13 @@ class Positions(nn.Module):
     """Tokens [batch, length, 4] plus a learned embedding of their positions, torch.arange(length): shared by the
     seeds, where the tokens are each seed's."""
 
-    def __init__(self, length: int):
+    def __init__(self, length: int, normed: bool = False):
         super().__init__()
         self.length, self.tokens, self.positions = length, nn.Linear(4, 8), nn.Embedding(length, 8)
-        self.head = nn.Linear(8, 2)
+        self.norm, self.head = nn.LayerNorm(8) if normed else nn.Identity(), nn.Linear(8, 2)
 
     def forward(self, x):
-        return self.head(self.tokens(x) + self.positions(torch.arange(self.length)))
+        return self.head(self.tokens(x) + self.norm(self.positions(torch.arange(self.length))))
 
 
 class Causal(nn.Module):
@@ -119,19 +119,24 @@ class Cell(nn.Module):
         super().__init__()
         self.cell = nn.LSTMCell(4, 6)
 
-    def forward(self, x, h, c):
+    def forward(self, x, h=None, c=None):
+        if h is None:  # a first state made here: shared by the seeds
+            h = c = torch.zeros(x.shape[-2], 6)
         return self.cell(x, self.cell(x, (h, c)))
 
 
 @pytest.mark.parametrize("make, inputs", [
     (lambda: Positions(3), [randn(3, 5, 3, 4)]),  # as many positions as seeds: slicing them by seed went unnoticed
     (lambda: Positions(4), [randn(3, 5, 4, 4)]),
+    (lambda: Positions(4, normed=True), [randn(3, 5, 4, 4)]),  # a LayerNorm of each seed's positions [seeds, 1, ...]
     (Causal, [randn(3, 2, 5, 8)]),
     (Cell, [randn(3, 5, 4), randn(3, 5, 6), randn(3, 5, 6)]),
+    (Cell, [randn(3, 5, 4)]),
 ])
 def test_a_layer_gets_each_seeds_rows_and_the_tensors_shared_by_the_seeds_whole(make, inputs):
-    """torch.arange positions, a causal mask (shared) and an LSTMCell's (h, c) (per seed, in a tuple): each seed
-    trains as alone, bit for bit. Fails if every tensor argument is cut by seed, or tensors in a tuple are not."""
+    """torch.arange positions (and a LayerNorm of each seed's embedding of them), a causal mask and a first state of
+    zeros (shared), an LSTMCell's (h, c) (per seed, in a tuple): each seed trains as alone, bit for bit. Fails if
+    every tensor argument is cut by seed, or tensors in a tuple are not."""
     assert_steps_as_alone(make, inputs)
 
 
@@ -156,26 +161,31 @@ def test_a_layer_called_otherwise_than_at_the_first_call_is_refused():
 
 class Tempered(nn.Module):
     """Q-values divided by a learned temperature of the given shape ([]: 0-d), or, with `per_batch`, values [batch]
-    scaled by it; with `listed` the temperature sits in an nn.ParameterList."""
+    scaled by it; with `listed` the temperature sits in an nn.ParameterList, with `named` in an nn.ParameterDict."""
 
-    def __init__(self, shape: tuple[int, ...] = (), per_batch: bool = False, listed: bool = False):
+    def __init__(self, shape: tuple[int, ...] = (), per_batch: bool = False, listed: bool = False,
+                 named: bool = False):
         super().__init__()
         self.net, self.per_batch = nn.Linear(4, 3), per_batch
         temperature = nn.Parameter(torch.rand(shape) + 0.5)
-        self.temperature = nn.ParameterList([temperature]) if listed else temperature
+        self.temperature = nn.ParameterList([temperature]) if listed else \
+            nn.ParameterDict({"0": temperature}) if named else temperature
 
     def forward(self, x):
         q = self.net(x)
-        temperature = self.temperature[0] if isinstance(self.temperature, nn.ParameterList) else self.temperature
+        temperature = next(self.temperature.parameters()) if isinstance(self.temperature, nn.Module) else \
+            self.temperature
         return (q.sum(-1) if self.per_batch else q) / temperature
 
 
 @pytest.mark.parametrize("make", [lambda: Tempered((1,)), lambda: Tempered((3,)), lambda: Tempered(per_batch=True),
-                                  lambda: Tempered((3,), listed=True), lambda: Tempered(per_batch=True, listed=True)])
+                                  lambda: Tempered((3,), listed=True), lambda: Tempered(per_batch=True, listed=True),
+                                  lambda: Tempered((1,), named=True)])
 def test_a_modules_own_tensors_broadcast_over_the_batch_as_alone(make):
     """A temperature of shape [1] or [actions] over q [batch, actions], a 0-d one over values [batch], in an
-    nn.ParameterList too: each seed trains as alone, bit for bit. Fails if a ParameterList's tensors are stacked
-    without the batch dimension ([seeds, 3] does not broadcast over [seeds, batch, 3] as [3] over [batch, 3])."""
+    nn.ParameterList or nn.ParameterDict too: each seed trains as alone, bit for bit. Fails if a ParameterList's
+    tensors are stacked without the batch dimension ([seeds, 3] does not broadcast over [seeds, batch, 3] as [3]
+    over [batch, 3])."""
     assert_steps_as_alone(make, [randn(3, 7, 4)])
 
 
