@@ -187,8 +187,8 @@ def _each_seed(module: nn.Module, plain: nn.Module, *inputs, **options):
     leaves, spec = tree_flatten((inputs, options))
     ranks = module._seed_ranks.get(spec)
     if ranks is None:
-        module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): called with arguments the pack's first "
-                            "call did not show it, so which of its tensors are per seed is not known (docs/packs.md)")
+        module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): called with other arguments than at the "
+                            "pack's first call, so which of its tensors are per seed is not known (docs/packs.md)")
     slots = [(getattr(plain_sub, kind), name, kind == "_parameters", value.unbind(0))
              for sub, plain_sub in zip(module.modules(), plain.modules(), strict=True)
              for kind in ("_parameters", "_buffers") for name, value in getattr(sub, kind).items() if value is not None]
@@ -309,7 +309,12 @@ def _stack_own(module: nn.Module, copies: list[nn.Module], batch: bool) -> None:
 
 def _first_call_hook(pack: nn.Module, args: tuple, kwargs: dict) -> None:
     if not pack._seed_checked:
-        _first_call(pack, args, kwargs)
+        pack._seed_checked = True  # the check's own call of the pack is not checked again
+        try:
+            _first_call(pack, args, kwargs)
+        except BaseException:  # refused: the next call is checked again
+            pack._seed_checked = False
+            raise
 
 
 @torch.compiler.disable  # eagerly, once, even where the first call is inside a compiled update
@@ -320,7 +325,6 @@ def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> None:
     refused in one line naming the first module that differs. Both run in eval mode, without gradients, on copies of
     the tensors made distinct per seed (seeds initialised alike, a temperature of 1, would hide a mix of seeds),
     so nothing of the pack's state changes."""
-    pack._seed_checked = True
     seeds, template, refuse = len(pack._seed_list), pack.__dict__["_seed_plain"], pack._seed_refuse
     leaves, spec = tree_flatten((args, kwargs))
     for x in leaves:

@@ -152,7 +152,7 @@ class Twice(nn.Module):
 def test_a_layer_called_otherwise_than_at_the_first_call_is_refused():
     pack = stacked(Twice, SEEDS)
     pack(randn(3, 5, 4))
-    with pytest.raises(PackError, match=r"^norm \(LayerNorm\): called with arguments the pack's first call did not"):
+    with pytest.raises(PackError, match=r"^norm \(LayerNorm\): called with other arguments than at the pack's first"):
         pack(randn(3, 1, 4))
 
 
@@ -207,9 +207,10 @@ def test_a_0d_temperature_over_q_values_is_refused_at_the_first_call(batch, seed
 
     pack = stacked(make, list(range(1, seeds + 1)))
     own = r"temperature\.0 \[\]" if listed else r"temperature \[\]"
-    with pytest.raises(PackError, match=rf"^the network \(Tempered\): {what}.*; its own tensors \({own}\) are stacked "
-                       r"\[seeds, 1, \*shape\].*give each the shape it is used at"):
-        pack(randn(seeds, batch, 4))
+    for _ in range(2):  # refused, it is checked again at its next call
+        with pytest.raises(PackError, match=rf"^the network \(Tempered\): {what}.*; its own tensors \({own}\) are "
+                           r"stacked \[seeds, 1, \*shape\].*give each the shape it is used at"):
+            pack(randn(seeds, batch, 4))
 
 
 class Affine(nn.Module):
