@@ -1,12 +1,14 @@
-"""How good a MountainCar-v0 policy can be: value iteration on a grid, then its greedy policy in the real env.
+"""A return a MountainCar-v0 policy reaches: value iteration on a grid, then its greedy policy in the real env.
 
 MountainCar-v0 is deterministic from its start state (position uniform in [-0.6, -0.4], velocity 0); the return is
 minus the steps to the flag. This computes the steps-to-goal on a position x velocity grid by value iteration
 (bilinear interpolation between grid points), then plays the policy that is greedy in it for 1000 episodes of the
-gymnasium env (seeds 0-999) and prints their mean: a return that a policy reaches, so the best policy's expected
-return is at least this. A published MountainCar number near it is near the best there is.
+gymnasium env (seeds 0-999) and prints their mean: a return that a policy reaches, so a bound from below on the best
+policy's expected return, from a grid of the size given (not that return itself: a finer grid can do better).
+Measured: -97.66 ± 7.35 with 451 points per dimension, -97.58 ± 7.34 with 751, over the same 1000 episodes.
 
-    python benchmarks/mountaincar_optimum.py            # about a minute on one core
+    python benchmarks/mountaincar_optimum.py            # 451 points: about a minute on one core
+    python benchmarks/mountaincar_optimum.py --points 751
 """
 
 import argparse

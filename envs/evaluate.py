@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .make import _env_spec, atari_settings, is_atari, make_vector_env
+from .make import _env_spec, atari_settings, extra_named, is_atari, make_vector_env
 from .recorder import EpisodeStats
 
 ATARI_FPS = 15  # 60 Hz emulator with frameskip 4
@@ -132,7 +132,8 @@ class Mirror:
             self.frames.append(obs[0, -1])
         else:
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rgb_array frames need no display (headless)
-            self.env = gym.make(_env_spec(env_id), render_mode="rgb_array")
+            with extra_named(env_id):
+                self.env = gym.make(_env_spec(env_id), render_mode="rgb_array")
             self.fps = self.env.metadata.get("render_fps", 30)
             self.env.reset(seed=seed)
             self.frames.append(self.render())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
@@ -40,6 +42,22 @@ ATARI_SETTINGS: dict[str, Any] = dict(
 # Registry kwargs of ale-py ids that AtariVectorEnv takes under the same name.
 _ATARI_SPEC_KEYS = ("repeat_action_probability", "full_action_space", "max_num_frames_per_episode")
 
+
+
+@contextmanager
+def extra_named(env_id: str) -> Iterator[None]:
+    """Building `env_id`'s env: gymnasium's DependencyNotInstalled for a Box2D or MuJoCo id as one ImportError that
+    names this project's extra (gymnasium's own hint names its extras, not ours); any other error as it is."""
+    try:
+        yield
+    except gym.error.DependencyNotInstalled as e:
+        entry = str(_env_spec(env_id).entry_point)
+        extra = next((name for name in ("box2d", "mujoco") if f"envs.{name}" in entry), None)
+        if extra is None:
+            raise
+        what = {"box2d": "Box2D", "mujoco": "MuJoCo"}[extra]
+        raise ImportError(f'{env_id} needs {what}, which is not installed: pip install -e ".[{extra}]" (or pip '
+                          f"install {extra})") from e
 
 def _env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registry entry for `env_id` ("EnvId-v0" or "module:EnvId-v0"), or a ValueError."""
@@ -195,7 +213,7 @@ def make_vector_env(
     elif spec.vector_entry_point == CARTPOLE_ARRAY and num_envs >= ARRAY_FROM:  # one numpy call for all envs
         env = CartPoleArray(gym.make_vec(spec, num_envs, vectorization_mode="vector_entry_point", **env_kwargs))
     else:
-        try:
+        with extra_named(env_id):
             env = gym.make_vec(
                 spec,
                 num_envs,
@@ -204,13 +222,6 @@ def make_vector_env(
                 wrappers=[_channels_first],
                 **env_kwargs,
             )
-        except gym.error.DependencyNotInstalled as e:  # gymnasium's own hint names its extras, not ours
-            extra = next((name for name in ("box2d", "mujoco") if f"envs.{name}" in str(spec.entry_point)), None)
-            if extra is None:
-                raise
-            what = {"box2d": "Box2D", "mujoco": "MuJoCo"}[extra]
-            raise ImportError(f'{env_id} needs {what}, which is not installed: pip install -e ".[{extra}]" (or pip '
-                              f"install {extra})") from e
     env.action_space.seed(seed)
     env.single_action_space.seed(seed)
     return env

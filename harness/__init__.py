@@ -16,7 +16,7 @@ one in run.py).
 
 from .args import RunArgs, fail, parse_args
 from .run import Run, crossed
-from .seeds import SeedAdam, SeedConv2d, SeedLinear, adam, clip_grad_norm, seed_state_dict, stacked
+from .seeds import PackError, SeedAdam, SeedConv2d, SeedLinear, adam, clip_grad_norm, seed_state_dict, stacked
 
-__all__ = ["Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm", "crossed", "fail",
-           "parse_args", "seed_state_dict", "stacked"]
+__all__ = ["PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm", "crossed",
+           "fail", "parse_args", "seed_state_dict", "stacked"]

@@ -134,11 +134,10 @@ class Run:
 
     def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
         """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension (a layer
-        that cannot be stacked is refused in one line, before anything is written)."""
-        try:
-            return stacked(make, self.seeds)
-        except ValueError as e:
-            fail(f"--num-seeds {len(self.seeds)}: {e}")
+        that cannot be stacked is refused in one line, before anything is written; one that only the pack's first
+        call shows computing unlike its seeds alone, in one line at that call)."""
+        seeds = len(self.seeds)  # what make() itself raises is the network's error, raised as it is
+        return stacked(make, self.seeds, refuse=lambda message: fail(f"--num-seeds {seeds}: {message}"))
 
     def adam(self, parameters, **kwargs) -> torch.optim.Adam:
         """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam)."""

@@ -5,23 +5,29 @@
     grad_norm = clip_grad_norm(q_network.parameters(), max_norm, len(seeds))  # each seed's own norm
     model = seed_state_dict(q_network, i)         # seed i's state_dict, as the plain network's
 
-Invariant (tests/test_seeds.py and tests/test_harness.py check it on the CPU): row i of everything a pack computes
-is, bit for bit, what seed i's plain network computes alone (convolutions: to float rounding). Each seed's network
-is initialised under its own torch seed, as a lone run initialises it, then its layers are stacked:
+Invariant (tests/test_seeds.py, test_harness.py and test_pack_layers.py check it on the CPU): row i of everything a
+pack computes is, bit for bit, what seed i's plain network computes alone (convolutions: to float rounding). Each
+seed's network is initialised under its own torch seed, as a lone run initialises it, then its layers are stacked:
 
 - nn.Linear becomes SeedLinear, whose products (forward and backward) are the ones nn.Linear's autograd computes
-  for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one convolution).
+  for each row; nn.Conv2d becomes SeedConv2d (the seeds as groups of one convolution). Both take one row per seed,
+  and a frozen layer (requires_grad False) stays frozen.
 - Any other layer of torch.nn that holds parameters or buffers (nn.LayerNorm, nn.BatchNorm1d, nn.Embedding,
   nn.PReLU, nn.GRUCell, nn.MultiheadAttention, ...) keeps its class and gets its tensors stacked [seeds, ...]; its
   forward runs once per seed, on that seed's rows and tensors (its running statistics updated in its own row), so
-  each seed computes exactly what it computes alone. Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are
-  looked into.
-- The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer) get a seed
-  dimension and a batch dimension of 1, [seeds, 1, ...], so they broadcast over [seeds, batch, ...]: use them
-  elementwise (a layer that multiplies by its own matrix belongs in a torch.nn layer, or in a module of its own
-  built from them).
-- Refused at start, with the layer's name and type: recurrent layers (nn.RNN, nn.LSTM, nn.GRU keep flat copies of
-  their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize) and tied parameters.
+  each seed computes exactly what it computes alone. Its tensor arguments (in tuples and lists too) are each seed's
+  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call shows (_each_seed).
+  Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are looked into.
+- The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer, an
+  nn.ParameterList or nn.ParameterDict) get a seed dimension and a batch dimension of 1, [seeds, 1, ...], so they
+  broadcast over [seeds, batch, ...] as alone over [batch, ...]: use them over one batch dimension in front of
+  their own (a layer that multiplies by its own matrix belongs in a torch.nn layer).
+- Refused at start, with the layer's name, type and why (_unstackable): recurrent layers (nn.RNN, nn.LSTM, nn.GRU
+  keep flat copies of their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize), modules with
+  hooks (the hook-based spectral_norm and weight_norm), embeddings with max_norm, and tied parameters.
+- Refused at the first call, before it computes (_first_call): a pack whose modules compute otherwise than each
+  seed alone (a 0-d temperature over [batch, actions], a shared tensor into nn.Linear), found by running each
+  seed's plain network on its rows and the pack on the same inputs.
 
 The plain modules need no change beyond working on any leading dimensions (nn.Flatten(-3), not Flatten(1)).
 docs/packs.md lists what a pack supports and how fast each path is.
@@ -30,13 +36,17 @@ docs/packs.md lists what a pack supports and how fast each path is.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
+from itertools import chain
+from typing import NoReturn
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.optim.adam import adam as adam_step
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 
 class _SeedLinearProduct(torch.autograd.Function):
@@ -54,8 +64,9 @@ class _SeedLinearProduct(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         # The weight's gradient as grad^T x, the orientation nn.Linear's autograd uses; bmm's own backward
         # computes (x^T grad)^T, which rounds differently.
-        grad_x = _bmm(grad, weight) if ctx.needs_input_grad[0] else None
-        return grad_x, _bmm(grad.mT, x), grad.sum(1) if ctx.bias else None
+        needs = ctx.needs_input_grad  # a frozen layer's weight or bias (requires_grad False) gets none
+        grad_x = _bmm(grad, weight) if needs[0] else None
+        return grad_x, _bmm(grad.mT, x) if needs[1] else None, grad.sum(1) if ctx.bias and needs[2] else None
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -107,14 +118,18 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.bmm(b) if _batched(a, b) else torch.stack([x.clone().mm(y.clone()) for x, y in zip(a, b, strict=True)])
 
 
+def _stacked_parameter(parameters: list[nn.Parameter]) -> nn.Parameter:
+    """The seeds' parameters stacked [seeds, ...], frozen where they are (requires_grad as the first seed's)."""
+    return nn.Parameter(torch.stack([p.detach() for p in parameters]), parameters[0].requires_grad)
+
+
 class SeedLinear(nn.Module):
     """The nn.Linear of each seed of a pack: [seeds, ..., in] -> [seeds, ..., out] (with or without a bias)."""
 
     def __init__(self, layers: list[nn.Linear]):
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in]
-        bias = None if layers[0].bias is None else nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
-        self.bias = bias  # [seeds, out]
+        self.weight = _stacked_parameter([layer.weight for layer in layers])  # [seeds, out, in]
+        self.bias = None if layers[0].bias is None else _stacked_parameter([layer.bias for layer in layers])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # a lone nn.Linear multiplies its input's leading dimensions as one batch too
@@ -133,8 +148,8 @@ class SeedConv2d(nn.Module):
     def __init__(self, layers: list[nn.Conv2d]):
         super().__init__()
         c = layers[0]
-        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # [seeds, out, in/g, ...]
-        self.bias = None if c.bias is None else nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+        self.weight = _stacked_parameter([layer.weight for layer in layers])  # [seeds, out, in/g, ...]
+        self.bias = None if c.bias is None else _stacked_parameter([layer.bias for layer in layers])
         self.stride, self.padding, self.dilation, self.groups = c.stride, c.padding, c.dilation, c.groups
         self.padding_mode, self.pad = c.padding_mode, c._reversed_padding_repeated_twice
 
@@ -148,27 +163,56 @@ class SeedConv2d(nn.Module):
         return x.unflatten(1, (seeds, -1)).transpose(0, 1)
 
 
+class PackError(ValueError):
+    """A network a pack cannot hold, or one its first call showed computing a seed otherwise than alone."""
+
+
+def _pack_error(message: str) -> NoReturn:
+    raise PackError(message)
+
+
 def _each_seed(module: nn.Module, plain: nn.Module, *inputs, **options):
     """A layer's forward in a pack: once per seed, `plain` (the layer on the meta device) given that seed's rows of
     the inputs and of the layer's stacked tensors. Parameters and inputs go in as a lone run allocates them (a row
     that does not start on a 64-byte boundary as a copy: some kernels round such rows differently), with their
-    gradients flowing back into the stack; buffers as views, so a running statistic is updated in its seed's row."""
+    gradients flowing back into the stack; buffers as views, so a running statistic is updated in its seed's row.
+
+    Which tensor arguments (positional, keyword, in tuples and lists) are per seed is what the pack's first call
+    showed (_first_call): with one dimension more than the layer gets alone, a seed's rows [seeds, ...]; with two
+    more, a seed's value without a batch [seeds, 1, ...]; with as many, shared by all seeds (a mask, positions) and
+    given whole to each. A layer given no batched rows returns its seeds' outputs without a batch, [seeds, 1, ...],
+    so that they broadcast over [seeds, batch, ...] as the output alone broadcasts over [batch, ...]."""
     if plain.training != module.training:
         plain.train(module.training)
+    leaves, spec = tree_flatten((inputs, options))
+    ranks = module._seed_ranks.get(spec)
+    if ranks is None:
+        module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): called with other arguments than at the "
+                            "pack's first call, so which of its tensors are per seed is not known (docs/packs.md)")
     slots = [(getattr(plain_sub, kind), name, kind == "_parameters", value.unbind(0))
              for sub, plain_sub in zip(module.modules(), plain.modules(), strict=True)
              for kind in ("_parameters", "_buffers") for name, value in getattr(sub, kind).items() if value is not None]
+    seeds = len(slots[0][3])
+    extra = [None if rank is None else x.dim() - rank for x, rank in zip(leaves, ranks, strict=True)]
+    for j, (x, more) in enumerate(zip(leaves, extra, strict=True)):
+        if more not in (None, 0) and (more not in (1, 2) or x.shape[:more] != (seeds, 1)[:more]):
+            module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): its tensor argument {j} has shape "
+                                f"{list(x.shape)} in a pack of {seeds} seeds and {x.dim() - more} dimensions alone: "
+                                "neither shared nor one row per seed (docs/packs.md)")
     outputs = []
-    for i in range(len(slots[0][3])):
+    for i in range(seeds):
         for tensors, name, parameter, rows in slots:
             tensors[name] = _aligned(rows[i]) if parameter else rows[i]
         copies: dict[int, torch.Tensor] = {}  # one row per input tensor (a layer may check `query is key`)
-        for x in (*inputs, *options.values()):
-            if isinstance(x, torch.Tensor) and id(x) not in copies:
-                copies[id(x)] = _aligned(x[i])
-        outputs.append(plain(*[copies[id(x)] if isinstance(x, torch.Tensor) else x for x in inputs],
-                             **{k: copies[id(x)] if isinstance(x, torch.Tensor) else x for k, x in options.items()}))
-    return _stack_outputs(outputs)
+        for x, more in zip(leaves, extra, strict=True):
+            if more and id(x) not in copies:
+                copies[id(x)] = _aligned(x[i] if more == 1 else x[i, 0])
+        args, kwargs = tree_unflatten([copies[id(x)] if more else x for x, more in zip(leaves, extra, strict=True)],
+                                      spec)
+        outputs.append(plain(*args, **kwargs))
+    out = _stack_outputs(outputs)
+    batched = 1 in extra
+    return out if batched else tree_map(lambda x: x.unsqueeze(1) if isinstance(x, torch.Tensor) else x, out)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
@@ -186,18 +230,19 @@ def _stack_outputs(outputs: list):
     return first
 
 
-def _per_seed(layer: nn.Module, copies: list[nn.Module]) -> nn.Module:
+def _per_seed(layer: nn.Module, copies: list[nn.Module], path: str, refuse: Callable) -> nn.Module:
     """`layer` (copies[0]) with every tensor it holds stacked from the seeds' copies, [seeds, ...], and a forward
     that runs once per seed (_each_seed)."""
     plain = copy.deepcopy(layer).to("meta")  # the layer's code and settings; its tensors are replaced at each call
     for sub, subs in zip(layer.modules(), zip(*(c.modules() for c in copies), strict=True), strict=True):
         _stack_own(sub, list(subs), batch=False)
     layer.forward = partial(_each_seed, layer, plain)  # the instance's forward; the class's stays the plain one
+    layer._seed_path, layer._seed_refuse, layer._seed_ranks = path or "the network", refuse, {}
     return layer
 
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-REFUSED = (nn.RNNBase, nn.modules.lazy.LazyModuleMixin)
+OWN = (nn.ParameterList, nn.ParameterDict)  # tensors of the module holding them, as its own
 
 
 def _is_torch_layer(module: nn.Module) -> bool:
@@ -206,17 +251,43 @@ def _is_torch_layer(module: nn.Module) -> bool:
                if cls not in (nn.Module, object, *CONTAINERS))
 
 
-def _stacked_layer(module: nn.Module, copies: list[nn.Module]) -> nn.Module:
+def _unstackable(module: nn.Module) -> str | None:
+    """Why a pack cannot stack `module`, or None."""
+    if isinstance(module, nn.RNNBase):
+        return ("recurrent layers keep flat copies of their weights, which cannot be stacked on a seed dimension: "
+                "use nn.RNNCell, nn.LSTMCell or nn.GRUCell in a loop")
+    if isinstance(module, nn.modules.lazy.LazyModuleMixin):
+        return "a lazy layer has no tensors to stack before its first call: give it its sizes"
+    if torch.nn.utils.parametrize.is_parametrized(module):
+        return ("a parametrized layer (torch.nn.utils.parametrizations: weight_norm, spectral_norm, ...) computes "
+                "its weight from other tensors at each call, which a pack would not")
+    hooks = [hook for hooks in (module._forward_pre_hooks, module._forward_hooks, module._backward_pre_hooks,
+                                module._backward_hooks) for hook in hooks.values()]
+    if hooks:
+        names = ", ".join(sorted({getattr(hook, "__name__", type(hook).__name__) for hook in hooks}))
+        return (f"its hooks ({names}; the hook-based torch.nn.utils.spectral_norm and weight_norm are such) would "
+                "run on the pack's stacked tensors, not on each seed's, or be dropped with the layer")
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.max_norm is not None:
+        return ("max_norm renormalises the embedding's weight in place at each call, which a pack cannot do in "
+                "each seed's row: drop max_norm, or renormalise in the network's forward")
+    return None
+
+
+def _stacked_layer(module: nn.Module, copies: list[nn.Module], path: str, refuse: Callable) -> nn.Module:
     """`module` (copies[0]) as the pack's: its layers replaced or stacked, its own tensors [seeds, 1, ...]."""
     if type(module) is nn.Linear:
         return SeedLinear(copies)
     if type(module) is nn.Conv2d:
         return SeedConv2d(copies)
+    if isinstance(module, OWN):
+        _stack_own(module, copies, batch=True)
+        return module
     if _is_torch_layer(module):
         has_state = any(True for _ in module.parameters()) or any(True for _ in module.buffers())
-        return _per_seed(module, copies) if has_state else module
+        return _per_seed(module, copies, path, refuse) if has_state else module
     for child_name, child in list(module.named_children()):
-        module._modules[child_name] = _stacked_layer(child, [c.get_submodule(child_name) for c in copies])
+        module._modules[child_name] = _stacked_layer(child, [c.get_submodule(child_name) for c in copies],
+                                                     f"{path}.{child_name}" if path else child_name, refuse)
     _stack_own(module, copies, batch=True)  # the user's own tensors: they broadcast over the batch
     return module
 
@@ -233,6 +304,167 @@ def _stack_own(module: nn.Module, copies: list[nn.Module], batch: bool) -> None:
                     else stack
 
 
+# ---- the first call: each seed as alone, or refused ---------------------------------------------------------
+
+
+def _first_call_hook(pack: nn.Module, args: tuple, kwargs: dict) -> None:
+    if not pack._seed_checked:
+        pack._seed_checked = True  # the check's own call of the pack is not checked again
+        try:
+            _first_call(pack, args, kwargs)
+        except BaseException:  # refused: the next call is checked again
+            pack._seed_checked = False
+            raise
+
+
+@torch.compiler.disable  # eagerly, once, even where the first call is inside a compiled update
+def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Before the pack's first call computes: each seed's plain network runs alone on its rows, which shows what
+    every per-seed layer gets alone (_each_seed's shared and per-seed tensors), then the pack runs on the same
+    inputs, and each module's output must be, row by row, each seed's alone (to float rounding), else the pack is
+    refused in one line naming the first module that differs. Both run in eval mode, without gradients, on copies of
+    the tensors made distinct per seed (seeds initialised alike, a temperature of 1, would hide a mix of seeds),
+    so nothing of the pack's state changes."""
+    seeds, template, refuse = len(pack._seed_list), pack.__dict__["_seed_plain"], pack._seed_refuse
+    leaves, spec = tree_flatten((args, kwargs))
+    for x in leaves:
+        if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != seeds):
+            refuse(f"the network ({type(template).__name__}): an input of shape {list(x.shape)} in a pack of {seeds} "
+                   "seeds, whose inputs are one row per seed, [seeds, ...] (docs/packs.md)")
+    shapes = {name: t.shape for name, t in chain(template.named_parameters(), template.named_buffers())}
+    layers = {name: m for name, m in pack.named_modules() if isinstance(m.__dict__.get("forward"), partial)}
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _evaluating(pack), _evaluating(template):
+        probe = {name: _distinct(t) for name, t in chain(pack.named_parameters(), pack.named_buffers())}
+        alone = []
+        for i in range(seeds):
+            rows = tree_unflatten([x[i] if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+            with _recorded(template, layers if i == 0 else {}, refuse) as outputs:
+                torch.func.functional_call(template, {n: t[i].reshape(shapes[n]) for n, t in probe.items()}, *rows)
+            alone.append(outputs)
+        with _recorded(pack, {}, refuse) as outputs:
+            try:
+                torch.func.functional_call(pack, probe, args, kwargs)
+            except PackError:
+                raise
+            except Exception as e:  # the innermost module that was running
+                path = outputs.running[-1] if outputs.running else ""
+                refuse(f"{_named(pack, path)}: fails in a pack of {seeds} seeds where each seed alone does not "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {_why(pack, path)}")
+    calls: dict[str, int] = {}
+    for path, out in outputs:
+        k = calls[path] = calls.get(path, -1) + 1
+        theirs = [[o for p, o in each if p == path][k:k + 1] for each in alone]
+        difference = _difference(out, [o[0] for o in theirs], pack._seed_list, path == "") if all(theirs) else \
+            "called more often than alone"
+        if difference:
+            refuse(f"{_named(pack, path)}: {difference} in a pack of {seeds} seeds; {_why(pack, path)}")
+
+
+class _Outputs(list):
+    """(path, output) of each module's call, in the order the calls ended; `running`: the calls not ended."""
+
+    running: list[str]
+
+
+@contextmanager
+def _recorded(network: nn.Module, layers: dict[str, nn.Module], refuse: Callable) -> Iterator[_Outputs]:
+    """Hooks on every module of `network` recording its outputs; on those named in `layers` (the pack's per-seed
+    layers), the ranks of the tensors they get, set as those layers' _seed_ranks."""
+    outputs, handles = _Outputs(), []
+    outputs.running = []
+    ranks: dict[str, dict] = {name: {} for name in layers}
+
+    def before(path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        outputs.running.append(path)
+        if path in layers:
+            leaves, spec = tree_flatten((args, kwargs))
+            seen = [x.dim() if isinstance(x, torch.Tensor) else None for x in leaves]
+            if ranks[path].setdefault(spec, seen) != seen:
+                refuse(f"{path} ({type(module).__name__}): called twice with the same arguments of other ranks, so "
+                       "which of its tensors are per seed cannot be told (docs/packs.md)")
+
+    def after(path: str, module: nn.Module, args: tuple, output) -> None:
+        outputs.running.pop()
+        outputs.append((path, output))
+
+    for path, module in network.named_modules():
+        handles.append(module.register_forward_pre_hook(partial(before, path), with_kwargs=True))
+        handles.append(module.register_forward_hook(partial(after, path)))
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+    for path, layer in layers.items():
+        layer._seed_ranks = ranks[path]
+
+
+@contextmanager
+def _evaluating(network: nn.Module) -> Iterator[None]:
+    """`network` in eval mode (no dropout, no running statistics updated), then each module's mode as it was."""
+    modes = [(module, module.training) for module in network.modules()]
+    network.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _distinct(x: torch.Tensor) -> torch.Tensor:
+    """A copy of a stacked tensor [seeds, ...] whose seeds' rows differ (floating tensors; others as they are)."""
+    if not x.is_floating_point():
+        return x.clone()
+    step = torch.arange(1, len(x) + 1, dtype=x.dtype, device=x.device).view(-1, *[1] * (x.dim() - 1)) / 16
+    return x + (x.abs() + 1) * step
+
+
+def _difference(pack, alone: list, seeds: list[int], root: bool) -> str | None:
+    """How the pack's output differs from the seeds' outputs alone, or None: a tensor must be [seeds, *alone] (or,
+    inside the network, [seeds, 1, *alone]: a value without a batch) with each row its seed's to float rounding."""
+    leaves, spec = tree_flatten(pack)
+    each = [tree_flatten(out) for out in alone]
+    if any(other != spec for _, other in each):
+        return f"its output is {spec} where each seed alone gives {each[0][1]}"
+    for j, x in enumerate(leaves):
+        if not isinstance(x, torch.Tensor):
+            continue
+        ys = [out[j] for out, _ in each]
+        shape = list(ys[0].shape)
+        if list(x.shape) != [len(ys), *shape] and (root or list(x.shape) != [len(ys), 1, *shape]):
+            return f"its output has shape {list(x.shape)}, not {[len(ys), *shape]} (each seed alone: {shape})"
+        for i, y in enumerate(ys):
+            mine = x[i].reshape(y.shape)
+            if not (torch.allclose(mine.double(), y.double(), rtol=1e-4, atol=1e-5 * max(1.0, y.abs().max().item()),
+                                   equal_nan=True) if y.is_floating_point() else torch.equal(mine, y)):
+                return f"seed {seeds[i]} computes otherwise than alone"
+    return None
+
+
+def _named(pack: nn.Module, path: str) -> str:
+    """The module at `path` as a refusal names it: its path and the type it has in the plain network."""
+    return f"{path or 'the network'} ({type(pack.__dict__['_seed_plain'].get_submodule(path)).__name__})"
+
+
+def _why(pack: nn.Module, path: str) -> str:
+    """Why a module may compute otherwise in a pack: its own tensors' shapes, where it holds any."""
+    plain = pack.__dict__["_seed_plain"].get_submodule(path)
+    own = [(name, tensor.shape) for name, tensor in chain(plain.named_parameters(recurse=False),
+                                                            plain.named_buffers(recurse=False))]
+    own += [(f"{child}.{name}", tensor.shape) for child, sub in plain.named_children() if isinstance(sub, OWN)
+            for name, tensor in sub.named_parameters()]
+    if type(plain) in (nn.Linear, nn.Conv2d):
+        return (f"a pack's nn.{type(plain).__name__} takes one row per seed, [seeds, ...], not a tensor the seeds "
+                "share (docs/packs.md)")
+    if not own or _is_torch_layer(plain):
+        return "docs/packs.md says what a pack supports"
+    listed = ", ".join(f"{name} {list(shape)}" for name, shape in own)
+    return (f"its own tensors ({listed}) are stacked [seeds, 1, *shape], which broadcast as alone over one batch "
+            "dimension in front of their own (an [n] offset over [batch, n], a 0-d scale over [batch]): give each "
+            "the shape it is used at (a scale of [batch, n]: [1] or [n]), or hold it in a torch.nn layer "
+            "(docs/packs.md)")
+
+
 def seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
     """make() under torch seed `seed`, leaving the global generator as it was."""
     with torch.random.fork_rng(devices=[]):
@@ -240,26 +472,33 @@ def seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
         return make()
 
 
-def stacked(make: Callable[[], nn.Module], seeds: list[int]) -> nn.Module:
+def stacked(make: Callable[[], nn.Module], seeds: list[int], refuse: Callable[[str], NoReturn] = _pack_error
+            ) -> nn.Module:
     """make() for one seed, initialised under that torch seed; for several, each seed's make() stacked into one
-    module (see the module docstring): a layer it cannot stack is a ValueError naming it, before anything runs.
+    module (see the module docstring). What a pack cannot hold is refused before anything runs, and what only a
+    call shows at the pack's first call (_first_call), each with one line naming the module, its type and why,
+    given to `refuse` (by default raised as a PackError). An error of make() itself is raised as it is.
     `seed_shapes` on a stacked module maps each tensor of its state_dict to its shape in the plain network."""
     networks = [seeded(make, seed) for seed in seeds]
     if len(networks) == 1:
         return networks[0]
     pack, owners = networks[0], {}
     for name, module in pack.named_modules(remove_duplicate=False):
-        if isinstance(module, REFUSED) or torch.nn.utils.parametrize.is_parametrized(module):
-            raise ValueError(f"{name or 'the network'} ({type(module).__name__}): recurrent, lazy and parametrized "
-                             "layers cannot be stacked on a seed dimension (docs/packs.md)")
+        why = _unstackable(module)
+        if why:
+            refuse(f"{name or 'the network'} ({type(module).__name__}): {why} (docs/packs.md)")
         for tensor_name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
             full = f"{name}.{tensor_name}" if name else tensor_name
             if tensor is not None and owners.setdefault(id(tensor), full) != full:
-                raise ValueError(f"{full} ({type(module).__name__}): tied to {owners[id(tensor)]}; tied or shared "
-                                 "tensors cannot be stacked on a seed dimension (docs/packs.md)")
+                refuse(f"{full} ({type(module).__name__}): tied to {owners[id(tensor)]}; tied or shared tensors "
+                       "cannot be stacked on a seed dimension (docs/packs.md)")
     plain = {name: tensor.shape for name, tensor in pack.state_dict().items()}
-    pack = _stacked_layer(pack, networks)
+    template = copy.deepcopy(pack).to("meta")  # the plain network, which _first_call runs on each seed's tensors
+    pack = _stacked_layer(pack, networks, "", refuse)
     pack.seed_shapes = plain
+    pack.__dict__["_seed_plain"] = template  # not a submodule: no tensors of its own in the pack's state_dict
+    pack._seed_list, pack._seed_refuse, pack._seed_checked = list(seeds), refuse, False
+    pack.register_forward_pre_hook(_first_call_hook, with_kwargs=True)
     return pack
 
 

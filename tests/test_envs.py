@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -476,14 +477,24 @@ def test_cartpole_steps_as_one_array_and_plays_the_episodes_of_gymnasiums_sync_e
     assert ends > 400
 
 
+@pytest.mark.usefixtures("main_in_tmp_path")
 def test_a_box2d_env_without_box2d_names_the_extra_to_install(monkeypatch):
     """LunarLander without the Box2D package: one ImportError naming our extra (gymnasium's own message names swig
-    and gymnasium[box2d]), which the algorithm files print as a one-line error."""
+    and gymnasium[box2d]), which the algorithm files print as a one-line error, with --capture-video too (the
+    video's env is made first) and before any run directory is written."""
     import sys
+
+    from tests.algo_utils import load_algo, tiny_args
 
     monkeypatch.setitem(sys.modules, "Box2D", None)  # `import Box2D` raises ImportError
     for name in [name for name in sys.modules if name.startswith("gymnasium.envs.box2d")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=r'^LunarLander-v3 needs Box2D, which is not installed: pip install -e '
-                                          r'"\.\[box2d\]" \(or pip install box2d\)$'):
+    message = r'LunarLander-v3 needs Box2D, which is not installed: pip install -e "\.\[box2d\]" \(or pip install ' \
+        r'box2d\)$'
+    with pytest.raises(ImportError, match="^" + message):
         make_vector_env("LunarLander-v3", 1)
+    dqn = load_algo("dqn")
+    for video in (False, True):
+        with pytest.raises(SystemExit, match="^error: " + message):
+            dqn.main(tiny_args(dqn, env="LunarLander-v3", capture_video=video))
+    assert not os.path.exists("runs")

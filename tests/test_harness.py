@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import harness.run
 import harness.seeds
-from harness import SeedAdam, SeedConv2d, SeedLinear, clip_grad_norm, seed_state_dict, stacked
+from harness import PackError, SeedAdam, SeedConv2d, SeedLinear, clip_grad_norm, seed_state_dict, stacked
 from harness.args import RunArgs, instance
 from harness.files import read_json, write_atomic, write_json_atomic
 from tests.algo_utils import load_algo, parse, tiny_args
@@ -177,16 +177,40 @@ class Recurrent(nn.Module):
         self.body = nn.Sequential(nn.Linear(4, 8), nn.LSTM(8, 8))
 
 
+def logged(module: nn.Module, args, output) -> None:
+    """A researcher's forward hook."""
+
+
 @pytest.mark.parametrize("make, message", [
-    (Recurrent, "body.1 (LSTM): recurrent, lazy and parametrized layers cannot be stacked"),
-    (partial(nn.LazyLinear, 3), "the network (LazyLinear): recurrent, lazy"),
-    (lambda: nn.utils.parametrizations.weight_norm(nn.Linear(3, 3)), "the network (ParametrizedLinear)"),
+    (Recurrent, "body.1 (LSTM): recurrent layers keep flat copies of their weights"),
+    (partial(nn.LazyLinear, 3), "the network (LazyLinear): a lazy layer has no tensors to stack"),
+    (lambda: nn.utils.parametrizations.weight_norm(nn.Linear(3, 3)), "the network (ParametrizedLinear): a "
+     "parametrized layer"),
+    (lambda: nn.Sequential(nn.utils.spectral_norm(nn.Linear(3, 3))), "0 (Linear): its hooks (SpectralNorm; the "
+     "hook-based torch.nn.utils.spectral_norm and weight_norm are such) would run on the pack's stacked tensors"),
+    (lambda: nn.Sequential(nn.ReLU(), nn.utils.weight_norm(nn.Conv2d(3, 3, 1))), "1 (Conv2d): its hooks (WeightNorm;"),
+    (lambda: _hooked(), "the network (Sequential): its hooks (logged;"),
+    (lambda: _hooked(backward=True), "the network (Sequential): its hooks (logged;"),
+    (lambda: nn.Embedding(5, 3, max_norm=1.0), "the network (Embedding): max_norm renormalises the embedding's weight "
+     "in place"),
+    (lambda: nn.ModuleDict({"bag": nn.EmbeddingBag(5, 3, max_norm=1.0)}), "bag (EmbeddingBag): max_norm"),
     (Tied, "b.weight (Linear): tied to a.weight"),
 ])
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated")
 def test_a_layer_that_cannot_be_stacked_is_refused_with_its_name(make, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+    """Recurrent, lazy and parametrized layers, hooks (the old hook-based spectral_norm and weight_norm, which
+    compute the weight from weight_orig before each call, a forward hook, a backward hook), an embedding's in-place
+    max_norm and tied tensors: a PackError naming the module, its type and why, when stacked; one seed is the plain
+    network."""
+    with pytest.raises(PackError, match="^" + re.escape(message)):
         stacked(make, [1, 2])
     stacked(make, [1])  # one seed: the plain network, whatever it holds
+
+
+def _hooked(backward: bool = False) -> nn.Module:
+    network = nn.Sequential(nn.Linear(3, 3))
+    (network.register_full_backward_hook if backward else network.register_forward_hook)(logged)
+    return network
 
 
 def test_a_pack_of_an_unstackable_network_stops_before_anything_is_written(monkeypatch):
