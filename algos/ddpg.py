@@ -7,6 +7,7 @@ Usage: python algos/ddpg.py   |   python algos/ddpg.py --config configs/ddpg/hal
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +18,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import NStepReturns, ReplayBuffer, lambda_returns
 from envs import RunningMeanStd, TransitionRecorder
-from harness import Run, RunArgs, fail, parse_args
+from harness import Run, RunArgs, fail, parse_args, per_leaf
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Args(RunArgs):
     td_lambda: float | None = None  # train the critic on lambda-returns over replayed slices of td_lambda_steps steps
     td_lambda_steps: int = 8  # length of those slices (batch_size counts their steps)
     save_model: bool = True  # save the actor's, critic's and normaliser's state_dicts to <run dir>/model.pt
+    # Settings the members of a pack may differ in (--pack): they change no tensor's shape and no event's step.
+    packable: ClassVar[tuple] = ("learning_rate", "gamma", "tau", "exploration_noise", "ou_theta", "td_lambda")
 
 
 def mlp(inputs: int, outputs: int) -> nn.Sequential:
@@ -76,11 +79,12 @@ class QNetwork(nn.Module):
 class ExplorationNoise:
     """Ornstein-Uhlenbeck noise per env and action (dt = 1): x += -theta x + sigma N(0, 1); theta = 1 is Gaussian
     noise. A pack's rows are seed by seed (num_envs each), and seed i's draws, its warm-up's uniform actions
-    included, come from its own generator."""
+    included, come from its own generator; theta and sigma are one, or one per seed ([seeds, 1 or action])."""
 
-    def __init__(self, shape: tuple[int, ...], theta: float, sigma: np.ndarray | float, rngs: list):
-        self.theta, self.sigma, self.state, self.rngs = theta, sigma, np.zeros(shape), rngs
+    def __init__(self, shape: tuple[int, ...], theta: np.ndarray, sigma: np.ndarray, rngs: list):
         self.rows = (shape[0] // len(rngs), *shape[1:])  # each seed's
+        self.theta, self.sigma = (np.repeat(x, self.rows[0], axis=0) if x.ndim == 2 else x for x in (theta, sigma))
+        self.state, self.rngs = np.zeros(shape), rngs
 
     def sample(self) -> np.ndarray:
         self.state += -self.theta * self.state + self.sigma * np.concatenate(
@@ -118,10 +122,9 @@ def make_updates(actor, qf, actor_target, qf_target, actor_optimizer, qf_optimiz
             next_value = qf_target(next_obs, actor_target(next_obs))
             if args.td_lambda is None:
                 target = flat["reward"] + flat["discount"] * next_value  # discount: 0 after a termination
-            else:  # each slice [B, L] on its own
-                s = batch.reshape(-1, batch.shape[-1])
-                target = lambda_returns(s["reward"], s["discount"], s["terminated"] | s["truncated"],
-                                        next_value.view(s.shape), args.td_lambda).view(flat.shape)
+            else:  # each slice [..., B, L] on its own
+                target = lambda_returns(batch["reward"], batch["discount"], batch["terminated"] | batch["truncated"],
+                                        next_value.view(batch.shape), args.td_lambda).view(flat.shape)
         q = qf(obs_norm(flat["obs"]), flat["action"])
         loss = F.mse_loss(q, target, reduction="none").mean(-1)
         qf_optimizer.zero_grad()
@@ -155,8 +158,7 @@ def check_args(args: Args) -> None:
 
 
 def main(args: Args) -> dict | list[dict]:
-    check_args(args)
-    run = Run(args)  # the run directory, W&B, evaluations, checkpoints, signals: harness/ (nothing is scheduled)
+    run = Run(args, check=check_args)  # the run directory, W&B, evaluations, checkpoints, signals: harness/
     args, device, seeds = run.args, run.device, run.seeds  # a pack (--num-seeds): tensors get a leading seed dim
     torch.set_flush_denormal(True)  # Adam's moments of dead units decay into subnormals: 2x slower steps on x86
     env = run.make_env()  # num_envs per seed: seed i's in rows i * num_envs ... (i + 1) * num_envs - 1
@@ -169,7 +171,7 @@ def main(args: Args) -> dict | list[dict]:
     actor = run.networks(partial(Actor, obs_space, action_space)).to(device)
     qf = run.networks(partial(QNetwork, obs_space, action_space)).to(device)
     params = TensorDict(actor=from_module(actor).data, qf=from_module(qf).data).lock_()  # locked: faster lerp_
-    target_params = params.clone().lock_()
+    target_params, tau = params.clone().lock_(), per_leaf(args.tau, params)  # a pack's tau: each member's
     with torch.device("meta"):
         actor_target = run.networks(partial(Actor, obs_space, action_space))
         qf_target = run.networks(partial(QNetwork, obs_space, action_space))
@@ -179,11 +181,11 @@ def main(args: Args) -> dict | list[dict]:
     actor_optimizer = run.adam(actor.parameters(), lr=args.learning_rate, capturable=capturable)  # fused Adam
     qf_optimizer = run.adam(qf.parameters(), lr=args.learning_rate, capturable=capturable)
     obs_norm = run.networks(partial(RunningMeanStd, obs_space.shape, enabled=args.normalize_obs)).to(device)
-    rb = ReplayBuffer(args.buffer_size, device=device, seed=args.seed, num_seeds=len(seeds))  # each seed its own
+    rb = ReplayBuffer(args.buffer_size, device=device, seed=seeds, num_seeds=len(seeds))  # each seed its own
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs, num_seeds=len(seeds))
     recorder = TransitionRecorder(env.num_envs)
-    noise = ExplorationNoise((env.num_envs, *action_space.shape), args.ou_theta,
-                             args.exploration_noise * (action_space.high - action_space.low) / 2, run.generators())
+    sigma = np.asarray(args.exploration_noise, np.float32) * (action_space.high - action_space.low) / 2  # float32
+    noise = ExplorationNoise((env.num_envs, *action_space.shape), np.asarray(args.ou_theta), sigma, run.generators())
     update_critic, update_actor = map(run.compiled, make_updates(actor, qf, actor_target, qf_target, actor_optimizer,
                                                                  qf_optimizer, obs_norm, args))
 
@@ -227,7 +229,7 @@ def main(args: Args) -> dict | list[dict]:
                 updates += 1
                 if updates % args.policy_frequency == 0:  # DDPG (TD3's delay): the actor and the targets trail
                     losses = update_actor(batch)
-                    target_params.lerp_(params, args.tau)
+                    target_params.lerp_(params, tau)
                 if updates % 100 == 0:
                     run.log(global_step, {f"losses/{k}": v for m in (metrics, losses) for k, v in m.items()})
             credit -= int(credit)

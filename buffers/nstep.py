@@ -28,21 +28,26 @@ END_KEYS = ("next_obs", "terminated", "truncated")  # taken from a window's last
 class NStepReturns:
     """Keeps the last n steps of each environment and emits n-step transitions as they finish."""
 
-    def __init__(self, n: int, gamma: float, num_envs: int, num_seeds: int = 1):
+    def __init__(self, n: int, gamma: float | torch.Tensor, num_envs: int, num_seeds: int = 1):
+        """gamma: one for all seeds, or one per seed ([num_seeds, 1]: a pack whose members differ in it)."""
         if int(n) < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if not 0.0 <= gamma <= 1.0:
+        if not ((torch.as_tensor(gamma) >= 0.0) & (torch.as_tensor(gamma) <= 1.0)).all():
             raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if int(num_seeds) < 1:
             raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
-        self.n, self.gamma, self.num_seeds = int(n), float(gamma), int(num_seeds)
+        self.n, self.num_seeds = int(n), int(num_seeds)
+        self.gamma = float(gamma) if torch.as_tensor(gamma).numel() == 1 else torch.as_tensor(gamma).view(-1).tolist()
         self.num_envs = int(num_envs) * self.num_seeds  # all seeds' envs
         self.ring: TensorDict | None = None  # [n, num_envs]: start-of-window keys of the last n steps
         self.age = torch.zeros(self.num_envs, dtype=torch.int64)  # current-episode steps in the ring
         self.t = 0  # steps pushed; step t sits in ring row t % n
-        self._gamma32 = torch.tensor(self.gamma, dtype=torch.float32)  # the one-step discount, as stored
+        # The one-step discount, as stored (float32); one per env row, seed by seed, when the seeds' gammas differ.
+        self._gamma32 = torch.tensor(self.gamma, dtype=torch.float32)
+        if isinstance(self.gamma, list):
+            self._gamma32 = self._gamma32.repeat_interleave(self.num_envs // self.num_seeds)
 
     def push(self, step: TensorDict) -> TensorDict:
         """Add one vector-env step (batch [num_envs], many seeds: [num_seeds * num_envs]); return the transitions
@@ -70,7 +75,7 @@ class NStepReturns:
         returns = torch.empty_like(rewards)
         folded = torch.zeros_like(rewards[0])
         for m in range(1, self.n + 1):
-            folded = rewards[(self.t - m + 1) % self.n] + self.gamma * folded
+            folded = rewards[(self.t - m + 1) % self.n] + self._gamma32 * folded  # (a float times float32: these bits)
             returns[m - 1] = folded
 
         terminated, truncated = step["terminated"].bool(), step["truncated"].bool()
@@ -83,7 +88,7 @@ class NStepReturns:
         ready["reward"] = returns[row, env]
         for key in END_KEYS:
             ready[key] = step[key][env]
-        discount = torch.full((row.numel(),), self.gamma, dtype=torch.float32).pow(row + 1)
+        discount = self._gamma32.expand(self.num_envs)[env].pow(row + 1)
         ready["discount"] = torch.where(terminated[env], 0.0, discount)
         if self.num_seeds > 1:
             ready["seed"] = env.div(self.num_envs // self.num_seeds, rounding_mode="floor")

@@ -254,11 +254,15 @@ class SegmentTree:
         return node
 
 
-def _lane_pow_(x: torch.Tensor, exponent: float | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _lane_pow_(x: torch.Tensor, exponent: float | torch.Tensor | list, out: torch.Tensor | None = None) -> torch.Tensor:
     """x ** exponent along the last dimension (in place, or into `out`), each row padded to a multiple of 16
     entries so that every entry goes through the CPU's vectorised pow: the scalar pow that takes a row's last few
     entries otherwise rounds differently, so a seed's row of a pack would not equal the same values alone (many
     seeds, bit for bit). Rows of a multiple of 16 entries, and CUDA tensors, take the plain pow."""
+    if isinstance(exponent, list):  # row i's own exponent (a pack's seeds differ): each row as it is alone
+        for row, row_out, e in zip(x, x if out is None else out, exponent, strict=True):
+            _lane_pow_(row, e, None if out is None else row_out)
+        return x if out is None else out
     n = x.shape[-1]
     padded = -(-n // 16) * 16
     if x.device.type != "cpu" or padded == n and x.is_contiguous():
@@ -369,19 +373,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         num_seeds: int = 1,
     ):
         super().__init__(capacity, device, seed, frame_stack, num_seeds)
-        if not alpha >= 0:
+        a, e = (torch.as_tensor(x, dtype=torch.float64) for x in (alpha, eps))  # one, or one per seed [N, 1]
+        if not (a >= 0).all():
             raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not eps > 0:
+        if not (e > 0).all():
             raise ValueError(f"eps must be > 0 (it keeps every item sampleable), got {eps}")
-        if not eps**alpha > 0:
+        if not (e**a > 0).all():
             raise ValueError(f"eps ** alpha, the smallest stored priority, underflows to 0: {eps} ** {alpha}")
         if validation is None:
             validation = "deferred" if self.device.type == "cuda" else "immediate"
         if validation not in ("immediate", "deferred"):
             raise ValueError(f"validation must be 'immediate' or 'deferred', got {validation!r}")
         self.validation = validation
-        self.alpha = float(alpha)
-        self.eps = float(eps)
+        # A pack whose members differ in alpha or eps: alpha a float per seed, eps a float64 [N, 1] tensor.
+        self.alpha = float(a) if a.numel() == 1 else a.view(-1).tolist()
+        self.eps = float(e) if e.numel() == 1 else e.to(self.device).view(-1, 1)
         # Leaves are the stored priorities, 0 for a slot never written. Stored priorities are
         # >= eps ** alpha > 0, so the zero leaves are exactly the slots >= len(self), all after the
         # last item, and the tree's minimum is the minimum over the items.
@@ -398,6 +404,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._last_index = torch.full((seeds,), -1, dtype=torch.int64, device=self.device)  # written - 1
         self._last_slot = torch.full((seeds,), -1, dtype=torch.int64, device=self.device)  # len(self) - 1
         self._neg_beta = torch.zeros(1, dtype=torch.float64, device=self.device)  # -beta
+        self._neg_betas = torch.zeros(seeds, 1, dtype=torch.float64, device=self.device)  # each seed's, if they differ
         self._set_write_count(self.written)
         self.beta = beta
         # Scratch, reused to save ops; it holds no state (a copy of the buffer need not match it):
@@ -419,15 +426,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self.validation == "deferred" and (self.frame_store is None or self.num_seeds == 1)
 
     @property
-    def beta(self) -> float:
+    def beta(self) -> float | torch.Tensor:
         return self._beta
 
     @beta.setter
-    def beta(self, value: float) -> None:
-        if not value >= 0:
+    def beta(self, value: float | torch.Tensor) -> None:
+        """One beta, or one per seed ([N, 1], float64)."""
+        if not (value >= 0 if isinstance(value, float | int) else bool((value >= 0).all())):
             raise ValueError(f"beta must be >= 0, got {value}")
-        self._beta = float(value)
-        self._neg_beta.fill_(-self._beta)
+        self._beta = value.to(self.device, torch.float64).view(-1, 1) if isinstance(value, torch.Tensor) \
+            else float(value)
+        if isinstance(value, torch.Tensor):
+            self._neg_betas.copy_(-self._beta)
+        else:
+            self._neg_beta.fill_(-self._beta)
+
+    def _exponent(self) -> torch.Tensor | list[torch.Tensor]:
+        """-beta for the weights' pow: one tensor, or each seed's when they differ (a pack's members)."""
+        return self._neg_beta if isinstance(self._beta, float) else list(self._neg_betas)
 
     def _on_write(self, index: torch.Tensor) -> None:
         self._set_write_count(self.written + index.numel())
@@ -492,7 +508,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         leaves = slots + self._leaves_per_seed * torch.arange(self.num_seeds, device=self.device).unsqueeze(1)
         stored = self.tree.leaves.index_select(0, leaves.view(-1)).view(slots.shape)
         minimum = self.tree.levels[-1][1].view(self.num_seeds, -1).amin(1, keepdim=True)  # each seed's
-        weight = _lane_pow_(stored.div_(minimum), self._neg_beta, torch.empty_like(stored, dtype=torch.float32))
+        weight = _lane_pow_(stored.div_(minimum), self._exponent(), torch.empty_like(stored, dtype=torch.float32))
         return self._gather_seeds(slots, weight=weight)
 
     def _sample_at(self, slots: torch.Tensor) -> TensorDict:
@@ -680,7 +696,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         last_copy.scatter_reduce_(0, slots, position, "amax", include_self=False)
         last = last_copy.index_select(0, slots)  # -1 where no copy of the slot is valid
         value = priority.index_select(0, last if valid is None else last.clamp(min=0))
-        stored = _lane_pow_(value.add_(self.eps).view(self.num_seeds, -1), self.alpha).view(-1)  # (|p|+eps)**alpha
+        stored = _lane_pow_(value.view(self.num_seeds, -1).add_(self.eps), self.alpha).view(-1)  # (|p|+eps)**alpha
         if valid is not None:  # a slot with no valid copy keeps its leaf
             stored = torch.where(last >= 0, stored, self.tree.leaves.index_select(0, slots))
         if self.frame_store is not None and self.frame_store.may_hold_dropped(self.written - self.capacity):
@@ -729,7 +745,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def load_state_dict(self, state: dict, copy: bool = True) -> None:
         super().load_state_dict(state, copy)
-        self.alpha, self.beta, self.eps = state["alpha"], state["beta"], state["eps"]
+        self.alpha, self.beta, eps = state["alpha"], state["beta"], state["eps"]
+        self.eps = eps.to(self.device, copy=True) if isinstance(eps, torch.Tensor) else eps
         priority = state["priority"].to(self.device, torch.float64)
         # The tree is a function of its leaves (no drift), so rebuilding it restores it exactly.
         for tree, leaves in zip(self.trees, priority.view(self.num_seeds, -1), strict=True):

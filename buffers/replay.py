@@ -12,9 +12,9 @@ Invariants kept here (tests/test_replay.py checks each):
   A transition whose frames were overwritten is "dropped": it stays stored (len counts it) but is
   never sampled again. Uniform sampling is then uniform over the sampleable transitions.
 - Many seeds (num_seeds=N > 1): one tensor per key shaped [N, capacity, ...], one generator per
-  seed (seeded seed, seed + 1, ...), write counts per seed. Seed i's rows of everything that goes in
-  reach seed i's slice only, and row i of everything that comes out equals, bit for bit, what a buffer
-  of one seed (seed + i) returns for the same calls: every invariant above holds per seed, and one
+  seed (seeded seed, seed + 1, ..., or each its own: seed=[s0, s1, ...]), write counts per seed. Seed i's rows
+  of everything that goes in reach seed i's slice only, and row i of everything that comes out equals, bit for
+  bit, what a buffer of one seed (seed + i) returns for the same calls: every invariant above holds per seed, and one
   `extend`, one draw per seed and one gather serve all seeds (tests/test_seeds.py checks it).
 """
 
@@ -44,7 +44,7 @@ class ReplayBuffer:
     time: pass each vector-env step through `add_frames` before extend (or NStepReturns).
     """
 
-    def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | None = None,
+    def __init__(self, capacity: int, device: str | torch.device = "cpu", seed: int | list[int] | None = None,
                  frame_stack: int = 0, num_seeds: int = 1):
         if int(capacity) <= 0:
             raise ValueError(f"capacity must be a positive integer, got {capacity}")
@@ -61,11 +61,11 @@ class ReplayBuffer:
         # Items written since creation; the next item's index. Many seeds: an int64 array, one count per seed.
         self.written = 0 if self.num_seeds == 1 else np.zeros(self.num_seeds, dtype=np.int64)
         self.generators = [torch.Generator(device=self.device) for _ in range(self.num_seeds)]
-        for i, generator in enumerate(self.generators):
+        for i, generator in enumerate(self.generators):  # seed: the first seed's (seed + i), or each seed's
             if seed is None:
                 generator.seed()
             else:
-                generator.manual_seed(int(seed) + i)
+                generator.manual_seed(int(seed[i]) if isinstance(seed, list | tuple) else int(seed) + i)
         self.generator = self.generators[0]  # one seed: its generator
         self.frame_store = FrameStore(frame_stack, self.capacity, self.device, self.num_seeds) if frame_stack else None
 

@@ -15,8 +15,9 @@ one in run.py).
 """
 
 from .args import RunArgs, fail, parse_args
+from .members import per_leaf
 from .run import Run, crossed
 from .seeds import PackError, SeedAdam, SeedConv2d, SeedLinear, adam, clip_grad_norm, seed_state_dict, stacked
 
 __all__ = ["PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm", "crossed",
-           "fail", "parse_args", "seed_state_dict", "stacked"]
+           "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]

@@ -41,6 +41,7 @@ class RunArgs:
 
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
     num_seeds: int = 1  # train seeds seed .. seed+num_seeds-1 in this process, each its own run (README: packs)
+    pack: tuple[str, ...] = ()  # members' own settings, KEY=V1,V2,... one value per member: alpha=0,0.6 seed=1,1
     exp_name: str | None = None  # the name of this experiment, part of the run name (default: the file's name)
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     config: str | None = None  # YAML file of argument defaults (keys: the names above); flags override it
@@ -149,6 +150,8 @@ def _typed(value: Any, hint: Any) -> Any:
             except ValueError:
                 pass
         raise ValueError(value)
+    if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+        return tuple(_typed(item, typing.get_args(hint)[0]) for item in value)
     if typing.get_origin(hint) is Literal:
         if value in typing.get_args(hint):
             return value

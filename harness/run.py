@@ -41,6 +41,8 @@ from envs import check_video, env_seeds, env_state, evaluate, load_env_state, ma
 
 from .args import algo_of, fail, load_checkpoint, run_config
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
+from .members import carried, each, members, packed, repacked
+from .members import names as member_names
 from .seeds import adam, seed_state_dict, stacked
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs and exploration are seeded apart from training's: seed + 10000
@@ -55,10 +57,12 @@ class Run:
     """One run, or a pack of runs, of an algorithm file; see the module docstring.
 
     `extended(args, step, total_timesteps)` (the file's) gives the arguments that train on from `step` to a new
-    total when --resume is given a larger --total-timesteps, so that no schedule jumps.
+    total when --resume is given a larger --total-timesteps, so that no schedule jumps; `check(args)` (the
+    file's) refuses bad settings, called on each member's own. A pack's members may differ in the settings the
+    file lists in `Args.packable` (--pack, see members.py): run.args holds those as [members, 1] values.
     """
 
-    def __init__(self, args, extended: Callable | None = None):
+    def __init__(self, args, extended: Callable | None = None, check: Callable | None = None):
         self.algo = algo_of(type(args))
         self.extended = extended or (lambda a, _, total: replace(a, total_timesteps=total))
         for name in ("total_timesteps", "num_envs", "num_seeds", "threads", "eval_episodes"):
@@ -67,35 +71,38 @@ class Run:
         for name in ("eval_frequency", "checkpoint_frequency"):
             if getattr(args, name) < 0:
                 fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
-        if args.stop_return is not None and args.num_seeds > 1 and not args.evaluate:
-            fail("--stop-return stops a run at its own evaluation, so a pack would train its seeds unlike alone: "
-                 "train the seeds as separate runs (--num-seeds 1) to use it")
         args = replace(args, exp_name=args.exp_name or self.algo)
         self.resumed = load_checkpoint(args.resume, self.algo) if args.resume and not args.evaluate else None
         if args.evaluate:
             self.dir = Path(args.evaluate)
-            args, self.dirs = replace(args, num_seeds=1), [self.dir]  # a run directory holds one seed's networks
+            args, self.dirs = replace(args, num_seeds=1, pack=()), [self.dir]  # a run directory: one run's networks
+            self.members = [args]
         elif self.resumed is not None:
             args, self.dirs = self._resumed(args)
-        else:  # <env>__<exp_name>__<seed>__<time>, or --run-name ({seed} in it, or __<seed> after it, names each seed)
-            stamp, seeds = int(time.time()), range(args.seed, args.seed + args.num_seeds)
-            names = [f"{args.env.replace('/', '-')}__{args.exp_name}__{seed}__{stamp}" for seed in seeds]
-            if args.run_name:
-                name = args.run_name if "{seed}" in args.run_name or args.num_seeds == 1 else args.run_name + "__{seed}"
-                names = [name.replace("{seed}", str(seed)) for seed in seeds]
-            args = replace(args, run_name=args.run_name or names[0])
+            self.members = members(args)
+        else:  # <env>__<exp_name>[__key=value...]__<seed>__<time>, or --run-name (see members.names)
+            self.members = members(args)
+            names = member_names(args, self.members, packed(args), int(time.time()))
+            args = replace(args, run_name=args.run_name or names[0], num_seeds=len(self.members))
             self.dirs = [Path("runs") / name for name in names]
             for directory in self.dirs:
                 if directory.exists():
                     fail(f"run directory {directory} already exists; pick another --run-name or remove it")
+        if args.stop_return is not None and len(self.members) > 1 and not args.evaluate:
+            fail("--stop-return stops a run at its own evaluation, so a pack would train its seeds unlike alone: "
+                 "train the seeds as separate runs (--num-seeds 1) to use it")
+        self.members = [replace(run, run_name=path.name) for run, path in zip(self.members, self.dirs, strict=True)]
+        for run in self.members if check else []:  # the file's checks, on each member's own values
+            check(run)
         self.dir = self.dirs[0]
-        self.args, self.seeds = args, list(range(args.seed, args.seed + args.num_seeds))
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
+        self.device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+        self.plain, self.seeds = args, [run.seed for run in self.members]  # plain: what a checkpoint saves
+        self.args = carried(args, self.members, self.device)  # what the file reads: a member's own value per row
+        random.seed(self.seeds[0])
+        np.random.seed(self.seeds[0])
+        torch.manual_seed(self.seeds[0])
         torch.backends.cudnn.deterministic = True
         torch.set_num_threads(args.threads)
-        self.device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
         self.signal, self.reached, self.wandb = None, False, None
         self.due, self.last, self.recent, self.parts = None, None, [], {}
 
@@ -116,8 +123,9 @@ class Run:
         args = replace(args, run_name=here.name)
         if total < step:
             fail(f"--total-timesteps {total} is below the step the run reached, {step}")
-        if total != saved:  # train longer: schedules go on from here (see the file's `extended`)
-            args = self.extended(replace(args, total_timesteps=saved), step, total)
+        if total != saved:  # train longer: schedules go on from here (see the file's `extended`), member by member
+            args = repacked(args, [self.extended(replace(run, total_timesteps=saved), step, total)
+                                   for run in members(args)])
         return args, [here] + [here.parent / name for name in names[1:]]
 
     # ---- what the algorithm builds through the run ------------------------------------------------------------
@@ -140,12 +148,19 @@ class Run:
         return stacked(make, self.seeds, refuse=lambda message: fail(f"--num-seeds {seeds}: {message}"))
 
     def adam(self, parameters, **kwargs) -> torch.optim.Adam:
-        """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam)."""
+        """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam),
+        with one lr and eps or, given as [members, 1], each member's (a float32 lr tensor: a schedule writes it in
+        place, optimizer.param_groups[0]["lr"][...] = value)."""
         return adam(parameters, len(self.seeds), **kwargs)
 
     def generators(self) -> list[np.random.Generator]:
         """A NumPy generator per seed, seeded with it (exploration: each seed draws from its own)."""
         return [np.random.default_rng(seed) for seed in self.seeds]
+
+    def each(self, f, *inputs):
+        """f(*inputs, member's args) for each member (a string f: that setting): one value when every member has it
+        (a lone run: its own), else a float64 tensor [members, 1] (see members.each)."""
+        return each(self.members, f, *inputs, device=self.device)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """The rows of all seeds' envs [seeds * n, ...] as [seeds, n, ...] for a pack's networks; one seed: x."""
@@ -190,8 +205,7 @@ class Run:
             return obs, counts
         if state is not None:
             obs, counts = self._restore(state)
-        configs = [asdict(self.args) | {"seed": seed, "run_name": path.name}
-                   for seed, path in zip(self.seeds, self.dirs, strict=True)]
+        configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items()} for run in self.members]
         self.metrics, sizes, sent = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
         self.records = []  # each seed's records so far: the index of its next line of metrics.jsonl
         for config, path, size in zip(configs, self.dirs, sizes, strict=True):
@@ -271,8 +285,8 @@ class Run:
         """A record for each seed: a list gives each seed its entry, a tensor each seed the mean of its rows (a
         pack's [seeds, ...]), anything else is every seed's; `seed`: for that seed (its row in the pack) alone."""
         seeds = len(self.dirs)  # a tensor: each seed's mean of its entries (one seed: of them all)
-        metrics = {k: v.detach().float().reshape(seeds, -1).mean(1).tolist() if isinstance(v, torch.Tensor) else v
-                   for k, v in metrics.items()}
+        metrics = {k: (v.detach() if v.is_floating_point() else v.detach().float()).reshape(seeds, -1).mean(1).tolist()
+                   if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}  # (float64: a member's setting)
         for i in range(len(self.dirs)) if seed is None else [seed]:
             record = {"global_step": step, **{k: float(v[i] if isinstance(v, list) else v) for k, v in metrics.items()}}
             self.metrics[i].write(json.dumps(record) + "\n")
@@ -332,7 +346,7 @@ class Run:
         for metrics in self.metrics:
             metrics.flush()
             os.fsync(metrics.fileno())
-        state = {"algo": self.algo, "args": asdict(self.args), "counts": counts, "obs": torch.as_tensor(obs),
+        state = {"algo": self.algo, "args": asdict(self.plain), "counts": counts, "obs": torch.as_tensor(obs),
                  "due": self.due, "last": self.last, "recent": self.recent,
                  "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
                  "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),

@@ -514,18 +514,25 @@ def seed_state_dict(network: nn.Module, i: int) -> dict[str, torch.Tensor]:
 
 class SeedAdam(torch.optim.Adam):
     """torch.optim.Adam (fused) over a pack's stacked parameters that steps each seed as a lone run's Adam would,
-    with Adam's options (amsgrad, weight_decay, decoupled_weight_decay, maximize, a closure).
+    with Adam's options (amsgrad, weight_decay, decoupled_weight_decay, maximize, a closure), and `lr` and `eps`
+    either one for all seeds or one per seed, [seeds, 1]: float64 for the numbers a lone run passes, float32 for an
+    lr a lone run holds as a tensor (a schedule writes it in place).
 
     The fused CPU kernel computes the last (numel % vector width) entries of a tensor with scalar code that rounds
     differently from its vector lanes, so a small tensor (an output layer's bias: [actions] alone, [seeds, actions]
     stacked) would not be stepped as alone. A parameter whose per-seed size is a multiple of 64 is stepped whole
     (each seed's entries fall on the same lanes as alone); any other is stepped as one tensor per seed (its rows,
-    views of it): bit for bit what Adam does to each seed's plain network.
+    views of it): bit for bit what Adam does to each seed's plain network. With an lr or eps per seed, every
+    parameter is stepped seed by seed, one fused call per seed with that seed's lr and eps.
     """
 
     def __init__(self, params, seeds: int, **kwargs):
+        own = {key: kwargs.pop(key) for key in ("lr", "eps") if isinstance(kwargs.get(key), torch.Tensor)
+               and kwargs[key].numel() > 1}  # one per seed: Adam's checks take one number
         super().__init__(params, **kwargs)
         self.seeds = seeds
+        for group in self.param_groups:
+            group.update({key: value.reshape(seeds, 1).clone() for key, value in own.items()})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -534,13 +541,14 @@ class SeedAdam(torch.optim.Adam):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            amsgrad = group["amsgrad"]
+            amsgrad, lr, eps = group["amsgrad"], group["lr"], group["eps"]
+            own = any(isinstance(value, torch.Tensor) and value.numel() > 1 for value in (lr, eps))
             tensors: list[list[torch.Tensor]] = [[], [], [], [], [], []]  # params, grads, moments, max, steps
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                whole = p[0].numel() % 64 == 0
+                whole = p[0].numel() % 64 == 0 and not own
                 if not state:
                     state["step"] = torch.zeros(() if whole else self.seeds, dtype=torch.float32, device=p.device)
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
@@ -551,9 +559,18 @@ class SeedAdam(torch.optim.Adam):
                     if part is not None:
                         out.extend([part] if whole else part.unbind(0))
             beta1, beta2 = group["betas"]
-            adam_step(*tensors, fused=group["fused"], capturable=group["capturable"], amsgrad=amsgrad, beta1=beta1,
-                      beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-                      maximize=group["maximize"], decoupled_weight_decay=group.get("decoupled_weight_decay", False))
+            options = dict(fused=group["fused"], capturable=group["capturable"], amsgrad=amsgrad, beta1=beta1,
+                           beta2=beta2, weight_decay=group["weight_decay"], maximize=group["maximize"],
+                           decoupled_weight_decay=group.get("decoupled_weight_decay", False))
+            if not own:
+                adam_step(*tensors, lr=lr, eps=eps, **options)
+                continue
+            for i in range(self.seeds):  # seed i's rows are every seeds-th tensor of each list
+                # A float64 lr or eps: each seed's number, as a lone run passes it; a float32 lr: its tensor's row.
+                lr_i = lr.view(-1)[i] if isinstance(lr, torch.Tensor) and lr.numel() > 1 else lr
+                lr_i = float(lr_i) if isinstance(lr_i, torch.Tensor) and lr_i.dtype == torch.float64 else lr_i
+                eps_i = float(eps.view(-1)[i]) if isinstance(eps, torch.Tensor) else eps
+                adam_step(*[part[i::self.seeds] for part in tensors], lr=lr_i, eps=eps_i, **options)
         return loss
 
 
@@ -563,11 +580,12 @@ def adam(parameters: Iterable[torch.Tensor], seeds: int = 1, **kwargs) -> torch.
         SeedAdam(parameters, seeds, fused=True, **kwargs)
 
 
-def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, seeds: int = 1) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float | torch.Tensor, seeds: int = 1) -> torch.Tensor:
     """nn.utils.clip_grad_norm_ for each seed on its own (row i of every .grad of a pack), since a norm over the
-    stack would couple the seeds; returns the norms before clipping ([seeds], or a 0-d tensor for one seed).
-    Each norm is taken of each seed's own rows, as contiguous tensors of the plain network's shapes (a reduction
-    over the rows of a [seeds, n] tensor may add in another order), so a seed clips as it would alone."""
+    stack would couple the seeds; max_norm is one number, or one per seed ([seeds, 1]); returns the norms before
+    clipping ([seeds], or a 0-d tensor for one seed). Each norm is taken of each seed's own rows, as contiguous
+    tensors of the plain network's shapes (a reduction over the rows of a [seeds, n] tensor may add in another
+    order), so a seed clips as it would alone."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:  # as nn.utils.clip_grad_norm_: nothing to clip, a norm of 0
         return torch.zeros(()) if seeds == 1 else torch.zeros(seeds)
@@ -578,6 +596,8 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, seeds: i
     rows = [row for grad in grads for row in grad.unbind(0)]  # parameter by parameter
     norms = torch.stack(torch._foreach_norm(rows)).view(-1, seeds).T.contiguous()  # [seeds, parameters]
     norms = torch.linalg.vector_norm(norms, dim=1)
+    if isinstance(max_norm, torch.Tensor):  # one per seed, [seeds, 1]: in the norms' dtype, as a number would be
+        max_norm = max_norm.to(norms.device, norms.dtype).view(-1)
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for grad in grads:
         grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
