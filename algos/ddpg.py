@@ -7,7 +7,6 @@ Usage: python algos/ddpg.py   |   python algos/ddpg.py --config configs/ddpg/hal
 
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -18,30 +17,28 @@ from tensordict import TensorDict, from_module
 
 from buffers import NStepReturns, ReplayBuffer, lambda_returns
 from envs import RunningMeanStd, TransitionRecorder
-from harness import Run, RunArgs, fail, parse_args, per_leaf
+from harness import Packable, Run, RunArgs, fail, parse_args, per_leaf
 
 
 @dataclass
 class Args(RunArgs):
     env: str = "Pendulum-v1"  # the environment id (continuous actions)
     total_timesteps: int = 20_000  # environment steps of each seed, summed over its parallel environments
-    learning_rate: float = 1e-3  # Adam's learning rate, for the actor and the critic
+    learning_rate: Packable[float] = 1e-3  # Adam's learning rate, for the actor and the critic
     buffer_size: int = 100_000  # replay capacity in transitions
-    gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # target update rate: each target moves this fraction of the way to its network
+    gamma: Packable[float] = 0.99  # discount factor
+    tau: Packable[float] = 0.005  # target update rate: each target moves this fraction of the way to its network
     batch_size: int = 64  # transitions per gradient step
     learning_starts: int = 1_000  # environment steps of uniform random actions before learning starts
     updates_per_step: float = 1.0  # critic gradient steps per environment step (update-to-data ratio; 0.5, 2 work)
     policy_frequency: int = 2  # critic updates per actor and target update (1: the paper; 2: TD3's delay)
-    exploration_noise: float = 0.2  # noise scale sigma, as a fraction of the half action range
-    ou_theta: float = 1.0  # the noise's mean reversion per step: 1 is Gaussian noise, 0.15 the paper's OU process
+    exploration_noise: Packable[float] = 0.2  # noise scale sigma, as a fraction of the half action range
+    ou_theta: Packable[float] = 1.0  # the noise's mean reversion per step: 1 is Gaussian noise, 0.15 the paper's OU
     normalize_obs: bool = False  # normalise observations by the running mean and std of the collected ones
     n_step: int = 1  # bootstrap from n-step returns (1: the one-step TD target)
-    td_lambda: float | None = None  # train the critic on lambda-returns over replayed slices of td_lambda_steps steps
+    td_lambda: Packable[float | None] = None  # train the critic on lambda-returns of replayed slices of steps
     td_lambda_steps: int = 8  # length of those slices (batch_size counts their steps)
     save_model: bool = True  # save the actor's, critic's and normaliser's state_dicts to <run dir>/model.pt
-    # Settings the members of a pack may differ in (--pack): they change no tensor's shape and no event's step.
-    packable: ClassVar[tuple] = ("learning_rate", "gamma", "tau", "exploration_noise", "ou_theta", "td_lambda")
 
 
 def mlp(inputs: int, outputs: int) -> nn.Sequential:
@@ -184,8 +181,9 @@ def main(args: Args) -> dict | list[dict]:
     rb = ReplayBuffer(args.buffer_size, device=device, seed=seeds, num_seeds=len(seeds))  # each seed its own
     nstep = NStepReturns(args.n_step, args.gamma, args.num_envs, num_seeds=len(seeds))
     recorder = TransitionRecorder(env.num_envs)
-    sigma = np.asarray(args.exploration_noise, np.float32) * (action_space.high - action_space.low) / 2  # float32
-    noise = ExplorationNoise((env.num_envs, *action_space.shape), np.asarray(args.ou_theta), sigma, run.generators())
+    sigma = np.asarray(run.each("exploration_noise"), np.float32) * (action_space.high - action_space.low) / 2
+    noise = ExplorationNoise((env.num_envs, *action_space.shape), np.asarray(run.each("ou_theta")), sigma,
+                             run.generators())  # a pack's members: each its own sigma and theta, [seeds, 1]
     update_critic, update_actor = map(run.compiled, make_updates(actor, qf, actor_target, qf_target, actor_optimizer,
                                                                  qf_optimizer, obs_norm, args))
 

@@ -21,7 +21,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import ReplayBuffer
 from envs import TransitionRecorder, is_atari
-from harness import Run, RunArgs, clip_grad_norm, crossed, fail, parse_args
+from harness import Packable, Run, RunArgs, clip_grad_norm, crossed, fail, parse_args, per_leaf
 
 # Atari ids without --config: the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py runs it, with the
 # Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05.
@@ -35,23 +35,23 @@ ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_
 class Args(RunArgs):
     env: str = "CartPole-v1"  # the environment id (an Atari id without --config gets the Atari preset)
     total_timesteps: int = 100_000  # environment steps of each seed, summed over its parallel environments
-    learning_rate: float = 1e-3  # Adam's learning rate
+    learning_rate: Packable[float] = 1e-3  # Adam's learning rate
     anneal_lr: bool = True  # decay the learning rate to 0 at the end of training, so the final policy settles
-    lr_decay: Literal["linear", "cosine"] = "linear"  # the shape of anneal_lr's decay: a line or a half cosine
+    lr_decay: Literal["linear", "cosine"] = "linear"  # the shape of anneal_lr's decay: line or half cosine
     buffer_size: int = 100_000  # replay capacity in transitions
-    gamma: float = 0.99  # discount factor
-    tau: float = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction of the way
+    gamma: Packable[float] = 0.99  # discount factor
+    tau: Packable[float] = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction closer
     target_network_frequency: int = 500  # environment steps between target updates
     batch_size: int = 64  # transitions per gradient step
-    start_e: float = 1.0  # exploration epsilon at the start
-    end_e: float = 0.02  # exploration epsilon at the end of the schedule
-    exploration_fraction: float = 0.1  # fraction of total_timesteps over which epsilon falls from start_e to end_e
+    start_e: Packable[float] = 1.0  # exploration epsilon at the start
+    end_e: Packable[float] = 0.02  # exploration epsilon at the end of the schedule
+    exploration_fraction: Packable[float] = 0.1  # fraction of total_timesteps in which epsilon falls start_e -> end_e
     learning_starts: int = 1000  # environment steps of experience before learning starts
     train_frequency: int = 4  # environment steps between training rounds
     gradient_steps: int = 1  # gradient steps in each training round
     loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
-    max_grad_norm: float = 10.0  # clip the gradient to this global norm
-    adam_eps: float = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
+    max_grad_norm: Packable[float] = 10.0  # clip the gradient to this global norm
+    adam_eps: Packable[float] = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
     eval_epsilon: float = 0.0  # exploration epsilon during evaluation
 
@@ -111,7 +111,7 @@ def extended(args: Args, step: int, total_timesteps: int) -> Args:
 def td_target(target_network: nn.Module, batch: TensorDict, gamma: float) -> torch.Tensor:
     """reward + gamma * max_a Q_target(next_obs, a); no bootstrap past a termination."""
     next_q = target_network(batch["next_obs"]).max(dim=-1).values
-    return batch["reward"] + gamma * (~batch["terminated"]) * next_q
+    return batch["reward"] + torch.as_tensor(gamma, dtype=next_q.dtype) * (~batch["terminated"]) * next_q
 
 
 def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, args: Args):
@@ -142,12 +142,14 @@ def make_learner(update, rb, params: TensorDict, target_params: TensorDict, args
     """The learner's work of one loop iteration as one call, host ints in and tensors out (so a CUDA graph can take it
     whole): `steps` gradient steps on sampled batches, then `moves` target moves -> the last step's metrics."""
 
+    tau = per_leaf(args.tau, params)  # a pack's members: each its own
+
     def learn(steps: int, moves: int) -> TensorDict | None:
         metrics = None
         for _ in range(steps):
             metrics = update(rb.sample(args.batch_size))  # a pack: each seed's batch from its own replay
         for _ in range(moves):  # DQN: the target trails the Q-network, once per interval crossed
-            target_params.lerp_(params, args.tau)
+            target_params.lerp_(params, tau)
         return metrics
 
     return learn
@@ -162,8 +164,7 @@ def check_args(args: Args) -> None:
 
 
 def main(args: Args) -> dict | list[dict]:
-    check_args(args)
-    run = Run(args, extended)  # the run directory, W&B, evaluations, checkpoints, signals: harness/
+    run = Run(args, extended, check_args)  # the run directory, W&B, evaluations, checkpoints, signals: harness/
     args, device, seeds = run.args, run.device, run.seeds  # a pack (--num-seeds): tensors get a leading seed dim
     env = run.make_env()  # num_envs per seed: seed i's in rows i * num_envs ... (i + 1) * num_envs - 1
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
@@ -178,10 +179,11 @@ def main(args: Args) -> dict | list[dict]:
     with torch.device("meta"):
         target_network = run.networks(network)
     target_params.to_module(target_network)
-    optimizer = run.adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),  # fused Adam
-                         eps=args.adam_eps, capturable=args.cudagraphs and device.type == "cuda")  # tensor lr: graphs
+    lr = torch.as_tensor(args.learning_rate, dtype=torch.float32, device=device)  # a tensor: CUDA graphs read it
+    optimizer = run.adam(q_network.parameters(), lr=lr, eps=args.adam_eps,  # fused Adam; a pack's: lr, eps per member
+                         capturable=args.cudagraphs and device.type == "cuda")
     frame_stack = 4 if is_atari(args.env) else 0  # Atari: replay stores each frame of the stacks once
-    rb = ReplayBuffer(args.buffer_size, device, args.seed, frame_stack, num_seeds=len(seeds))  # each seed its own
+    rb = ReplayBuffer(args.buffer_size, device, seeds, frame_stack, num_seeds=len(seeds))  # each seed its own
     recorder = TransitionRecorder(env.num_envs, clip_reward=is_atari(args.env))
     explore_rngs = run.generators()  # a NumPy generator per seed
     update = run.compiled(make_update(q_network, target_network, optimizer, args), rb)
@@ -191,7 +193,8 @@ def main(args: Args) -> dict | list[dict]:
     def act(obs: np.ndarray, epsilon: float, rngs: list[np.random.Generator]) -> np.ndarray:
         """Actions for all seeds' envs [seeds * envs], seed i's exploration drawn from rngs[i] alone."""
         envs = len(obs) // len(rngs)
-        explore = np.concatenate([rng.random(envs) < epsilon for rng in rngs])  # DQN: epsilon-greedy
+        eps = np.broadcast_to(epsilon, (len(rngs), 1))  # DQN: epsilon-greedy (a pack: each member its own epsilon)
+        explore = np.concatenate([rng.random(envs) < e for rng, e in zip(rngs, eps, strict=True)])
         actions = np.concatenate([rng.integers(env.single_action_space.n, size=envs) for rng in rngs])
         if not explore.all():  # the greedy actions, where not exploring
             greedy = q_network(run.rows(torch.as_tensor(obs, device=device))).argmax(-1).flatten().cpu().numpy()
@@ -206,7 +209,7 @@ def main(args: Args) -> dict | list[dict]:
 
     # Collect, store, learn. global_step counts environment steps over each seed's envs.
     while run.training(global_step):
-        epsilon = epsilon_at(global_step, args)
+        epsilon = run.each(epsilon_at, global_step)  # a pack's members: each its own schedule
         action = act(obs, epsilon, explore_rngs)
         next_obs, reward, terminated, truncated, info = env.step(action)
         transitions, finished = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
@@ -216,7 +219,7 @@ def main(args: Args) -> dict | list[dict]:
         run.episodes(global_step, finished, {"charts/epsilon": epsilon})
 
         if global_step > args.learning_starts and len(rb) >= args.batch_size:
-            optimizer.param_groups[0]["lr"].fill_(learning_rate_at(global_step, args))
+            optimizer.param_groups[0]["lr"][...] = run.each(learning_rate_at, global_step)
             steps = crossed(args.train_frequency, previous, global_step) * args.gradient_steps  # N envs: N x
             metrics = learn(steps, crossed(args.target_network_frequency, previous, global_step))
             for _ in range(crossed(100, updates, updates := updates + steps)):  # per 100 updates: the last's metrics

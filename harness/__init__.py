@@ -14,10 +14,10 @@ Like buffers/ and envs/, it imports its own modules relatively; it uses envs/ (o
 one in run.py).
 """
 
-from .args import RunArgs, fail, parse_args
+from .args import Packable, RunArgs, fail, parse_args
 from .members import per_leaf
 from .run import Run, crossed
 from .seeds import PackError, SeedAdam, SeedConv2d, SeedLinear, adam, clip_grad_norm, seed_state_dict, stacked
 
-__all__ = ["PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm", "crossed",
-           "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]
+__all__ = ["Packable", "PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm",
+           "crossed", "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]

@@ -19,13 +19,27 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import torch
 import tyro
 import yaml
 
 from envs import is_atari  # isort: skip (the sibling package; see README, "Use it in your own code")
+
+
+class Packable:
+    """`gamma: Packable[float] = 0.99`: a setting the members of a pack may differ in (--pack, harness/members.py),
+    one that changes no tensor's shape and no step at which the loop does something; to the CLI, a plain float."""
+
+    def __class_getitem__(cls, hint):
+        return Annotated[hint, cls]
+
+
+def packable(args_class: type) -> list[str]:
+    """The settings of args_class marked Packable."""
+    hints = typing.get_type_hints(args_class, include_extras=True)
+    return [name for name, hint in hints.items() if Packable in getattr(hint, "__metadata__", ())]
 
 
 @dataclass

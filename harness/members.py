@@ -4,13 +4,15 @@
 
 `--pack KEY=V1,V2,...` gives one value per member (as many as --num-seeds; without --num-seeds, their count is the
 pack's size); values are read as YAML, like a config's. Members without `seed` in --pack take seeds seed, seed + 1,
-.... Only the settings the file lists in `Args.packable` (those that change neither a tensor's shape nor when the
-loop's events happen), `seed` and `run_name` may differ; any other is refused in one line naming it.
+.... Only the settings the file marks `Packable[...]` in its Args (those that change neither a tensor's shape nor
+when the loop's events happen), `seed` and `run_name` may differ; any other is refused in one line naming it.
 
 Each member is a complete run, as if launched alone with its own values: `members(args)` gives those arguments
 (its config.yaml), and `carried(args, members)` the pack's arguments as its file reads them: a setting whose values
-differ is a float64 tensor [members, 1] (exact, so cast it to a formula's dtype: `per_leaf`, `clip_grad_norm` and
-the buffers do), a string setting a NumPy array [members, 1]; a setting all members share stays a plain value.
+differ is a float64 tensor [members, 1] on the run's device (exact, so cast it to a formula's dtype: `per_leaf`,
+`clip_grad_norm` and the buffers do), a string setting a NumPy array [members, 1]; a setting all members share
+stays a plain value. `each(members, f, ...)` computes a value in Python on each member's own numbers (schedules
+with min and max, NumPy noise): a float64 tensor [members, 1] on the CPU, or the one value they share.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 import yaml
 
-from .args import fail, instance
+from .args import fail, instance, packable
 
 ALWAYS = ("seed", "run_name")  # every file's members may differ in these
 
@@ -32,7 +34,7 @@ ALWAYS = ("seed", "run_name")  # every file's members may differ in these
 def packed(args) -> dict[str, list[str]]:
     """{setting: its raw values, one per member} from args.pack (checked: packable, one value per member)."""
     raw: dict[str, list[str]] = {}
-    allowed = (*ALWAYS, *getattr(type(args), "packable", ()))
+    allowed = (*ALWAYS, *packable(type(args)))
     for item in args.pack:
         key, eq, text = item.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
@@ -107,14 +109,14 @@ def carried(args, runs: list, device: torch.device):
     return replace(args, **changes)
 
 
-def each(runs: list, f, *inputs, device: torch.device | None = None):
+def each(runs: list, f, *inputs):
     """f(*inputs, member's args) for every member (a string f: that setting): one value when all members agree
     (a lone run: its value), else a float64 tensor [members, 1]. Schedules computed in Python so, on each member's
     own numbers, give each member the value it has alone."""
     values = [getattr(run, f) if isinstance(f, str) else f(*inputs, run) for run in runs]
     if all(v == values[0] for v in values):
         return values[0]
-    return torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1)
+    return torch.tensor(values, dtype=torch.float64).view(-1, 1)
 
 
 def repacked(args, runs: list):
@@ -137,4 +139,4 @@ def per_leaf(value, like):
     (target_params.lerp_(params, per_leaf(tau, params)))."""
     if not isinstance(value, torch.Tensor):
         return value
-    return like.apply(lambda x: value.to(x.dtype).view(-1, *[1] * (x.dim() - 1)))
+    return like.apply(lambda x: value.to(x.device, x.dtype).view(-1, *[1] * (x.dim() - 1)))

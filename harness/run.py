@@ -159,8 +159,9 @@ class Run:
 
     def each(self, f, *inputs):
         """f(*inputs, member's args) for each member (a string f: that setting): one value when every member has it
-        (a lone run: its own), else a float64 tensor [members, 1] (see members.each)."""
-        return each(self.members, f, *inputs, device=self.device)
+        (a lone run: its own), else a float64 tensor [members, 1] on the CPU (see members.each): the values a loop
+        computes in Python or NumPy (epsilon, exploration noise) from each member's own numbers."""
+        return each(self.members, f, *inputs)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """The rows of all seeds' envs [seeds * n, ...] as [seeds, n, ...] for a pack's networks; one seed: x."""

@@ -14,13 +14,20 @@ from tests.algo_utils import load_algo, tiny_args
 from tests.test_resume import assert_same, outcome
 
 # Every packable setting of each file, at a value other than the file's default (the lone run's).
+DQN = dict(learning_rate=3e-4, adam_eps=1e-5, gamma=0.9, tau=0.5, start_e=0.8, end_e=0.1, exploration_fraction=0.3,
+           max_grad_norm=0.5)
 CHANGED = {
+    "dqn": DQN,
+    "nstep_dqn": DQN,
+    "per_dqn": DQN | dict(alpha=0.3, beta_start=0.7, prio_eps=1e-3),
     "ddpg": dict(learning_rate=3e-4, gamma=0.9, tau=0.02, exploration_noise=0.35, ou_theta=0.15),
     "ddpg_lambda": dict(td_lambda=0.95),
 }
 BASE = {"ddpg_lambda": dict(td_lambda=0.7, n_step=1, td_lambda_steps=4)}
-COMMON = {"ddpg": dict(env="Pendulum-v1", num_envs=2, total_timesteps=800, eval_frequency=400, learning_starts=300,
-                       n_step=3, save_model=True)}
+COMMON = {name: dict(num_envs=2, total_timesteps=1200, eval_frequency=600, n_step=3, save_model=True)
+          for name in ("dqn", "nstep_dqn", "per_dqn")}
+COMMON["ddpg"] = dict(env="Pendulum-v1", num_envs=2, total_timesteps=800, eval_frequency=400, learning_starts=300,
+                      n_step=3, save_model=True)
 
 
 def pack_flags(values: list[dict]) -> tuple[str, ...]:
@@ -34,7 +41,7 @@ def test_a_member_of_a_packed_sweep_trains_exactly_as_the_same_run_alone(case):
     """A pack of three: seed 1 at the file's values, seed 2 with every packable setting changed, seed 2 at the
     file's values. Member 2 (seed 2, changed) equals seed 2 alone with those values, bit for bit; member 3 (seed 2,
     unchanged) follows another trajectory; each config.yaml holds its member's own values."""
-    name = case.split("_")[0]
+    name = case.removesuffix("_lambda")
     module = load_algo(name)
     common = COMMON[name] | BASE.get(case, {})
     default = {key: getattr(tiny_args(module, **common), key) for key in CHANGED[case]}
