@@ -67,8 +67,9 @@ class Job:
     seed: int  # the first seed
     argv: list[str]  # the script's arguments after --config CONFIG, or in its place --resume runs/<run_name> ...
     log: Path
-    values: dict[str, str] = field(default_factory=dict)  # swept key: its raw value in this job
-    pack: list[str] = field(default_factory=list)  # every seed's run directory (seeds seed, seed+1, ...)
+    values: dict[str, str] = field(default_factory=dict)  # swept key: its raw value in this job (all its runs)
+    pack: list[str] = field(default_factory=list)  # every run's directory (seeds seed, seed+1, ..., or `members`)
+    members: list[dict[str, Any]] = field(default_factory=list)  # a packed sweep: each run's seed and swept values
     status: str = "pending"  # pending, running, ok, failed, stopped, not started
     handle: Any = None  # a Popen, or a Ray ObjectRef
     start: float = 0.0
@@ -82,7 +83,17 @@ class Job:
     @property
     def label(self) -> str:
         seeds = f"seed {self.seed}" if len(self.names) == 1 else f"seeds {self.seed}-{self.seed + len(self.names) - 1}"
+        if self.members:  # a packed sweep: its runs' values
+            seeds = f"{len(self.members)} runs: " + " ".join(sorted({", ".join(f"{k}={v}" for k, v in m.items()
+                                                                             if k != "seed") for m in self.members}))
         return " ".join([self.env, *(f"{k}={v}" for k, v in self.values.items()), seeds])
+
+    def run_values(self, i: int) -> tuple[int, dict[str, Any]]:
+        """The seed and swept values of the job's i-th run."""
+        if self.members:
+            member = self.members[i]
+            return int(member["seed"]), self.values | {k: v for k, v in member.items() if k != "seed"}
+        return self.seed + i, self.values
 
     @property
     def resumes(self) -> bool:
@@ -171,6 +182,11 @@ def name_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+=-]", "-", text)
 
 
+def packable_keys(script: Path) -> set[str]:
+    """The settings the script marks Packable[...] in its Args: its packs' members may differ in them."""
+    return set(re.findall(r"^    (\w+): Packable\[", script.read_text(), flags=re.MULTILINE))
+
+
 def packs(seeds: list[int], size: int) -> list[list[int]]:
     """The seeds in runs of consecutive ones, at most `size` long (a script trains seed .. seed+N-1)."""
     groups: list[list[int]] = []
@@ -182,26 +198,50 @@ def packs(seeds: list[int], size: int) -> list[list[int]]:
     return groups
 
 
-def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch_id: str, log_dir: Path) -> list[Job]:
-    """One job per env x combination of swept values x pack of seeds (one seed without --num-seeds)."""
+def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch_id: str, log_dir: Path,
+             packable: set[str] = frozenset()) -> list[Job]:
+    """One job per env x combination of swept values x pack of seeds (one seed without --num-seeds). A key in
+    `packable` (the script's Packable settings) is swept inside packs: the runs that share the env and every other
+    swept value are packed, up to --num-seeds per process, each with its own seed and values (the script's
+    --pack)."""
     overrides = overrides_from(args.set)
     sweep = sweep_from(args.sweep, overrides)
     tracking = ["--track", "--wandb-group", launch_id] if args.track else []
+    inside = [key for key in sweep if key in packable] if args.num_seeds > 1 else []
     jobs = []
     for env in dict.fromkeys(args.env or [config.get("env")]):  # None: the script's default env
         env_name = str(env or "default").replace("/", "-")  # ALE/Pong-v5 is one directory name
-        for combination in itertools.product(*sweep.values()):
-            values = dict(zip(sweep, combination, strict=True))
-            swept = "".join(f"__{name_safe(f'{k}={v}')}" for k, v in values.items())
+        common = [*(["--env", env] if env else []), *flags_from(overrides)]
+        for combination in itertools.product(*[values for key, values in sweep.items() if key not in inside]):
+            values = dict(zip([key for key in sweep if key not in inside], combination, strict=True))
+            if inside:  # a packed sweep: every (packed values, seed) run, in packs of at most num_seeds
+                runs = [dict(zip(inside, packed, strict=True)) | {"seed": seed}
+                        for packed in itertools.product(*[sweep[key] for key in inside])
+                        for seed in dict.fromkeys(args.seeds)]
+                for start in range(0, len(runs), args.num_seeds):
+                    members = runs[start:start + args.num_seeds]
+                    names = [f"{env_name}__{algo}{swept_tag(sweep, values | m)}__{m['seed']}__{launch_id}"
+                             for m in members]
+                    pack = [f"{key}={','.join(str(m[key]) for m in members)}" for key in ("seed", *inside)]
+                    argv = ["--pack", *pack, f"run_name={','.join(names)}", *common, *flags_from(values), *tracking]
+                    jobs.append(Job(names[0], str(env or "default"), members[0]["seed"], argv,
+                                    log_dir / f"{names[0]}.log", values, pack=names if len(names) > 1 else [],
+                                    members=members))
+                continue
+            swept = swept_tag(sweep, values)
             for seeds in packs(args.seeds, args.num_seeds):
                 names = [f"{env_name}__{algo}{swept}__{seed}__{launch_id}" for seed in seeds]
                 pack = ["--num-seeds", str(len(seeds))] if len(seeds) > 1 else []  # the script names each seed's run
                 name = f"{env_name}__{algo}{swept}__{{seed}}__{launch_id}" if pack else names[0]
-                argv = ["--seed", str(seeds[0]), *pack, *(["--env", env] if env else []), *flags_from(overrides),
-                        *flags_from(values), "--run-name", name, *tracking]
+                argv = ["--seed", str(seeds[0]), *pack, *common, *flags_from(values), "--run-name", name, *tracking]
                 jobs.append(Job(names[0], str(env or "default"), seeds[0], argv, log_dir / f"{names[0]}.log", values,
                                 pack=names if len(seeds) > 1 else []))
     return jobs
+
+
+def swept_tag(sweep: dict[str, list[str]], values: dict[str, str]) -> str:
+    """The swept values' part of a run directory's name, in the sweep's order: __key=value..."""
+    return "".join(f"__{name_safe(f'{key}={values[key]}')}" for key in sweep if key in values)
 
 
 def summary_in(run_dir: Path) -> dict[str, Any]:
@@ -234,7 +274,7 @@ def resumed_jobs(record: dict[str, Any], runs_dir: Path, total_timesteps: int | 
         argv = ["--resume", f"runs/{job['run_name']}"] if (run_dir / "checkpoint.pt").is_file() else job["argv"]
         jobs.append(Job(job["run_name"], job["env"], job["seed"], argv + more,
                         runs_dir / record["launch_id"] / "logs" / f"{job['run_name']}.log", job["values"],
-                        pack=job.get("pack") or []))
+                        pack=job.get("pack") or [], members=job.get("members") or []))
     return jobs
 
 
@@ -531,14 +571,14 @@ def run_launch(jobs: list[Job], script: Path, config: Path, settings: dict[str, 
         run_jobs(jobs, backend, max_parallel, runs_dir)
     finally:
         backend.close()
-    swept = any(job.values for job in jobs)
-    rows = [[name, job.env, job.seed + i, job.status, format_return(summary_in(runs_dir / name)),
+    swept = any(job.values or job.members for job in jobs)
+    rows = [[name, job.env, job.run_values(i)[0], job.status, format_return(summary_in(runs_dir / name)),
              f"{job.end - job.start:.0f}s" if job.end else "-",
-             *([" ".join(f"{k}={v}" for k, v in job.values.items())] if swept else [])]
+             *([" ".join(f"{k}={v}" for k, v in job.run_values(i)[1].items())] if swept else [])]
             for job in jobs for i, name in enumerate(job.names)]
     say("\n" + markdown(["job", "env", "seed", "status", "eval return", "wall time", *(["swept"] if swept else [])],
                         rows))
-    by = f" --by {next(iter(jobs[0].values))}" if swept else ""
+    by = f" --by {next(iter(jobs[0].run_values(0)[1]))}" if swept else ""
     say(f"\ncurves: python run.py plot {runs_dir}/*__{launch_id}{by} --out {runs_dir / launch_id}/curves.png"
         f"\ntable:  python run.py table {runs_dir}/*__{launch_id}{by}")
     if any(job.status in ("stopped", "not started") for job in jobs):
@@ -567,11 +607,12 @@ def launch(args: argparse.Namespace) -> int:
         stamp += 1  # two launches of one config in the same second
     launch_id = f"{args.config.stem}__{stamp}"
     (runs_dir / launch_id / "logs").mkdir(parents=True)
-    jobs = jobs_for(args, config, script.stem, launch_id, runs_dir / launch_id / "logs")
+    jobs = jobs_for(args, config, script.stem, launch_id, runs_dir / launch_id / "logs", packable_keys(script))
     record = {"launch_id": launch_id, "config": str(args.config.resolve()), "config_text": args.config.read_text(),
               "algo": script.stem, "seeds": args.seeds, "envs": args.env, "sweep": sweep, "set": overrides,
               "track": args.track, "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
-                                             "values": job.values, "argv": job.argv, "pack": job.pack}
+                                             "values": job.values, "argv": job.argv, "pack": job.pack,
+                                             "members": job.members}
                                             for job in jobs]}
     (runs_dir / launch_id / "launch.json").write_text(json.dumps(record, indent=1))
     counts = [f"{len(values)} {key}" for key, values in sweep.items()]

@@ -80,7 +80,7 @@ class ExplorationNoise:
 
     def __init__(self, shape: tuple[int, ...], theta: np.ndarray, sigma: np.ndarray, rngs: list):
         self.rows = (shape[0] // len(rngs), *shape[1:])  # each seed's
-        self.theta, self.sigma = (np.repeat(x, self.rows[0], axis=0) if x.ndim == 2 else x for x in (theta, sigma))
+        self.theta, self.sigma = (np.repeat(x, self.rows[0], axis=0) if np.ndim(x) == 2 else x for x in (theta, sigma))
         self.state, self.rngs = np.zeros(shape), rngs
 
     def sample(self) -> np.ndarray:

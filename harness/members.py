@@ -101,7 +101,10 @@ def carried(args, runs: list, device: torch.device):
     changes: dict[str, Any] = {"pack": (), "num_seeds": len(runs), "seed": runs[0].seed}
     for field in dataclasses.fields(args):
         values = [getattr(run, field.name) for run in runs]
-        if field.name in ("seed", "run_name", "pack", "num_seeds") or all(v == values[0] for v in values):
+        if field.name in ("seed", "run_name", "pack", "num_seeds"):
+            continue
+        if all(v == values[0] for v in values):  # (--pack alpha=0,0: every member's alpha is 0)
+            changes[field.name] = values[0]
             continue
         numbers = all(isinstance(v, float | int) and not isinstance(v, bool) for v in values)
         changes[field.name] = torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1) if numbers \

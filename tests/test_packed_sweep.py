@@ -5,13 +5,16 @@ config.yaml and W&B name each member by its values; a packed sweep resumes bit f
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.algo_utils import load_algo, tiny_args
-from tests.test_resume import assert_same, outcome
+import run
+from tests.algo_utils import ROOT, load_algo, tiny_args
+from tests.test_resume import CASES, assert_same, finished, outcome, start, wait_for
+from tests.test_resume import COMMON as RESUME_COMMON
 
 # Every packable setting of each file, at a value other than the file's default (the lone run's).
 DQN = dict(learning_rate=3e-4, adam_eps=1e-5, gamma=0.9, tau=0.5, start_e=0.8, end_e=0.1, exploration_fraction=0.3,
@@ -69,3 +72,80 @@ def test_a_setting_that_changes_shapes_or_the_schedule_is_refused_in_one_line(tm
     with pytest.raises(SystemExit, match="one value per member"):
         module.main(tiny_args(module, num_seeds=3, pack=("tau=0.1,0.2",)))
     assert not Path("runs").exists()
+
+
+@pytest.mark.usefixtures("main_in_tmp_path")
+def test_members_that_share_a_value_other_than_the_files_take_it():
+    """--pack gamma=0.9,0.9 seed=2,3: member seed 2 equals seed 2 alone with gamma 0.9 (not the file's 0.99)."""
+    module = load_algo("dqn")
+    common = COMMON["dqn"]
+    module.main(tiny_args(module, pack=("gamma=0.9,0.9", "seed=2,3"), run_name="pack__{seed}", **common))
+    module.main(tiny_args(module, seed=2, gamma=0.9, run_name="alone", **common))
+    assert_same(outcome(Path("runs/pack__2")), outcome(Path("runs/alone")), episodes=2)
+
+
+def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_others(tmp_path):
+    """alpha (packable) x batch_size (not) x seeds 1 2, --num-seeds 3: a pack per batch size, of at most 3 runs,
+    each run with its own seed and alpha and the run directory it would have alone; a resumed launch keeps them."""
+    args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "--sweep", "alpha=0,0.6", "--sweep",
+                                           "batch_size=32,64", "--num-seeds", "3"])
+    jobs = run.jobs_for(args, {"env": "CartPole-v1"}, "per_dqn", "c__7", tmp_path,
+                        run.packable_keys(ROOT / "algos" / "per_dqn.py"))
+    assert [len(job.names) for job in jobs] == [3, 1, 3, 1] and [job.values for job in jobs] == \
+        [{"batch_size": "32"}] * 2 + [{"batch_size": "64"}] * 2
+    names = [f"CartPole-v1__per_dqn__alpha={a}__batch_size=32__{s}__c__7" for a, s in (("0", 1), ("0", 2), ("0.6", 1))]
+    assert jobs[0].names == names and jobs[1].names == [names[0].replace("0__", "0.6__", 1).replace("__1__", "__2__")]
+    assert jobs[0].argv == ["--pack", "seed=1,2,1", "alpha=0,0,0.6", f"run_name={','.join(names)}", "--env",
+                            "CartPole-v1", "--batch-size", "32"]
+    assert [jobs[0].run_values(i) for i in range(3)] == [(1, {"batch_size": "32", "alpha": "0"}),
+                                                         (2, {"batch_size": "32", "alpha": "0"}),
+                                                         (1, {"batch_size": "32", "alpha": "0.6"})]
+    record = {"launch_id": "c__7", "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
+                                            "values": job.values, "argv": job.argv, "pack": job.pack,
+                                            "members": job.members} for job in jobs]}
+    assert [job.names for job in run.resumed_jobs(record, tmp_path / "runs")] == [job.names for job in jobs]
+    assert run.packable_keys(ROOT / "algos" / "dqn.py") >= {"learning_rate", "gamma", "tau", "max_grad_norm"}
+    assert not run.packable_keys(ROOT / "algos" / "dqn.py") & {"batch_size", "buffer_size", "train_frequency"}
+
+
+@pytest.mark.usefixtures("main_in_tmp_path")
+def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
+    """A pack of alpha 0 and 0.6 (seed 1 each): each W&B run is named by its run directory, which names its alpha,
+    with its own alpha in its config; run.py table --by alpha has a row per alpha."""
+    import wandb
+
+    started = []
+
+    class FakeRun:
+        id, summary = "x", {}
+
+        def define_metric(self, *a, **k): ...
+
+        def log(self, *a, **k): ...
+
+        def finish(self): ...
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: started.append(kwargs) or FakeRun())
+    module = load_algo("per_dqn")
+    module.main(tiny_args(module, pack=("alpha=0,0.6", "seed=1,1"), run_name="sweep__alpha={alpha}__{seed}",
+                          track=True))
+    assert [(kw["name"], kw["config"]["alpha"], kw["config"]["seed"]) for kw in started] == \
+        [("sweep__alpha=0__1", 0.0, 1), ("sweep__alpha=0.6__1", 0.6, 1)]
+    table = run.results_table([Path("runs")], by="alpha")
+    assert "| per_dqn | CartPole-v1 | 0.0 |" in table and "| per_dqn | CartPole-v1 | 0.6 |" in table, table
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_stopped_by_sigterm_resumes_bit_for_bit(tmp_path):
+    """per_dqn, members alpha 0 / 0.6 and learning rate 1e-3 / 3e-4 (seed 1 each): SIGTERM after the first checkpoint,
+    --resume of the first member's directory; both end as the pack left alone (model.pt, evaluation, metrics)."""
+    argv = [*CASES["per_dqn"], *RESUME_COMMON, "--pack", "alpha=0,0.6", "learning_rate=1e-3,3e-4", "seed=1,1"]
+    alone, stopped = (start(tmp_path, "per_dqn", *argv, "--run-name", name + "__{alpha}") for name in ("alone", "stop"))
+    wait_for(lambda: (tmp_path / "runs" / "stop__0" / "checkpoint.pt").exists(), stopped, "a checkpoint")
+    stopped.send_signal(signal.SIGTERM)
+    assert "stopped by SIGTERM" in finished(stopped)
+    out = finished(start(tmp_path, "per_dqn", "--resume", str(Path("runs") / "stop__0")))
+    assert "resuming runs/stop__0 (and 1 more seeds beside it)" in out
+    finished(alone)
+    for alpha in ("0", "0.6"):
+        assert_same(outcome(tmp_path / "runs" / f"alone__{alpha}"), outcome(tmp_path / "runs" / f"stop__{alpha}"))
