@@ -129,7 +129,7 @@ def repacked(args, runs: list):
         values = [getattr(run, field.name) for run in runs]
         if field.name in ("pack", "num_seeds"):
             continue
-        if all(v == values[0] for v in values):
+        if all(v == values[0] for v in values) and (field.name != "seed" or len(runs) == 1):  # (seeds: 1, 1 or 1, 2)
             changes[field.name] = values[0]
         else:
             pack.append(f"{field.name}={','.join(repr(v) if isinstance(v, float) else str(v) for v in values)}")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import run
-from tests.algo_utils import ROOT, load_algo, tiny_args
+from tests.algo_utils import ROOT, load_algo, parse, tiny_args
 from tests.test_resume import CASES, assert_same, finished, outcome, start, wait_for
 from tests.test_resume import COMMON as RESUME_COMMON
 
@@ -149,3 +149,20 @@ def test_a_packed_sweep_stopped_by_sigterm_resumes_bit_for_bit(tmp_path):
     finished(alone)
     for alpha in ("0", "0.6"):
         assert_same(outcome(tmp_path / "runs" / f"alone__{alpha}"), outcome(tmp_path / "runs" / f"stop__{alpha}"))
+
+
+@pytest.mark.usefixtures("main_in_tmp_path")
+def test_a_packed_sweep_extended_by_resume_trains_each_member_on_as_alone():
+    """A finished pack (exploration_fraction 0.1 / 0.5, beta_start 0.4 / 0.7) resumed with a larger
+    --total-timesteps: each member's schedules go on from its own values, as that run alone extended does."""
+    module = load_algo("per_dqn")
+    common = dict(total_timesteps=1200, eval_frequency=600, anneal_lr=False, checkpoint_frequency=600,
+                  save_model=True)
+    module.main(tiny_args(module, pack=("exploration_fraction=0.1,0.5", "beta_start=0.4,0.7", "seed=1,1"),
+                          run_name="pack__{exploration_fraction}", **common))
+    module.main(tiny_args(module, exploration_fraction=0.5, beta_start=0.7, run_name="alone", **common))
+    for name in ("pack__0.1", "alone"):
+        module.main(parse(module, ["--resume", f"runs/{name}", "--total-timesteps", "2000"]))
+    assert_same(outcome(Path("runs/pack__0.5")), outcome(Path("runs/alone")), episodes=2)
+    assert yaml.safe_load(Path("runs/pack__0.5/config.yaml").read_text())["beta_start"] == \
+        yaml.safe_load(Path("runs/alone/config.yaml").read_text())["beta_start"] != 0.7
