@@ -21,7 +21,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import ReplayBuffer
 from envs import TransitionRecorder, is_atari
-from harness import Packable, Run, RunArgs, clip_grad_norm, crossed, fail, parse_args, per_leaf
+from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf
 
 # Atari ids without --config: the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py runs it, with the
 # Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05.
@@ -49,7 +49,7 @@ class Args(RunArgs):
     learning_starts: int = 1000  # environment steps of experience before learning starts
     train_frequency: int = 4  # environment steps between training rounds
     gradient_steps: int = 1  # gradient steps in each training round
-    loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
+    loss: Packable[Literal["mse", "huber"]] = "huber"  # TD loss: squared error or Huber (smooth L1)
     max_grad_norm: Packable[float] = 10.0  # clip the gradient to this global norm
     adam_eps: Packable[float] = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
@@ -119,7 +119,7 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
     with torch.no_grad():
         target = td_target(target_network, batch, args.gamma)
     q = q_network(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-    loss = (F.mse_loss if args.loss == "mse" else F.smooth_l1_loss)(q, target, reduction="none")
+    loss = chosen(args.loss, mse=F.mse_loss, huber=F.smooth_l1_loss)(q, target, reduction="none")
     return loss.mean(-1), q.detach()
 
 

@@ -21,7 +21,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import NStepReturns, PrioritizedReplayBuffer
 from envs import TransitionRecorder, is_atari
-from harness import Packable, Run, RunArgs, clip_grad_norm, crossed, fail, parse_args, per_leaf
+from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf
 
 # Atari ids without --config: Lapan's Pong settings (Deep RL Hands-On ch. 8), Rainbow's n = 3 and eval epsilon 0.001.
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
@@ -48,7 +48,7 @@ class Args(RunArgs):
     learning_starts: int = 1000  # environment steps of experience before learning starts
     train_frequency: int = 4  # environment steps between training rounds
     gradient_steps: int = 1  # gradient steps in each training round
-    loss: Literal["mse", "huber"] = "huber"  # TD loss: squared error or Huber (smooth L1)
+    loss: Packable[Literal["mse", "huber"]] = "huber"  # TD loss: squared error or Huber (smooth L1)
     max_grad_norm: Packable[float] = 10.0  # clip the gradient to this global norm
     adam_eps: Packable[float] = 1e-8  # Adam's epsilon: above the gradients of a converged network, it stops their drift
     eval_frequency: int = 10_000  # environment steps between evaluations during training (0: only the final one)
@@ -123,7 +123,7 @@ def q_loss(q_network: nn.Module, target_network: nn.Module, batch: TensorDict, a
     with torch.no_grad():
         target = td_target(target_network, batch)
     q = q_network(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-    loss = (F.mse_loss if args.loss == "mse" else F.smooth_l1_loss)(q, target, reduction="none")
+    loss = chosen(args.loss, mse=F.mse_loss, huber=F.smooth_l1_loss)(q, target, reduction="none")
     return (batch["weight"] * loss).mean(-1), q.detach(), (q - target).detach()  # PER: weighted loss, TD errors
 
 

@@ -15,9 +15,9 @@ one in run.py).
 """
 
 from .args import Packable, RunArgs, fail, parse_args
-from .members import per_leaf
+from .members import chosen, per_leaf
 from .run import Run, crossed
 from .seeds import PackError, SeedAdam, SeedConv2d, SeedLinear, adam, clip_grad_norm, seed_state_dict, stacked
 
-__all__ = ["Packable", "PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "clip_grad_norm",
-           "crossed", "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]
+__all__ = ["Packable", "PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "chosen",
+           "clip_grad_norm", "crossed", "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]

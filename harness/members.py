@@ -143,3 +143,22 @@ def per_leaf(value, like):
     if not isinstance(value, torch.Tensor):
         return value
     return like.apply(lambda x: value.to(x.device, x.dtype).view(-1, *[1] * (x.dim() - 1)))
+
+
+def chosen(value, **options):
+    """options[value] (a function); a pack whose members differ in it ([members, 1] names): a function that computes
+    each option named and gives each member the rows of its own, torch.where over the leading dimension (so a
+    member's values, and its gradient, are those of its option alone)."""
+    if not isinstance(value, np.ndarray):
+        return options[value]
+    names = value.reshape(-1)
+
+    def each_own(*inputs, **kwargs):
+        out = None
+        for name in dict.fromkeys(names):
+            result = options[name](*inputs, **kwargs)
+            mine = torch.as_tensor(names == name, device=result.device).view(-1, *[1] * (result.dim() - 1))
+            out = result if out is None else torch.where(mine, result, out)
+        return out
+
+    return each_own

@@ -18,7 +18,7 @@ from tests.test_resume import COMMON as RESUME_COMMON
 
 # Every packable setting of each file, at a value other than the file's default (the lone run's).
 DQN = dict(learning_rate=3e-4, adam_eps=1e-5, gamma=0.9, tau=0.5, start_e=0.8, end_e=0.1, exploration_fraction=0.3,
-           max_grad_norm=0.5)
+           max_grad_norm=0.5, loss="mse")
 CHANGED = {
     "dqn": DQN,
     "nstep_dqn": DQN,
