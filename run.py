@@ -11,7 +11,9 @@
 A launch runs algos/<algo>.py (the config's `algo:` key, else its folder name) once per env x swept
 values x seed, as separate processes, N at a time, or as Ray tasks with --ray (auto: the cluster this
 machine is in; local: a new local one); with --num-seeds N, a process trains up to N consecutive seeds
-(the scripts' --num-seeds). Runs go to runs/<env>__<algo>[__key=value...]__<seed>__<launch id>/,
+(the scripts' --num-seeds), and a sweep of settings the script marks Packable inside packs of up to N runs
+(the scripts' --pack), split by the other swept settings.
+Runs go to runs/<env>__<algo>[__key=value...]__<seed>__<launch id>/,
 logs and launch.json (what was launched) to runs/<launch id>/; the launch id is <config stem>__<unix time>
 (also the W&B group). `resume` continues the unfinished jobs of a launch, locally or on Ray: those with a
 checkpoint.pt with --resume, the others from scratch; finished ones are skipped.
@@ -46,7 +48,7 @@ ALGOS = ROOT / "algos"  # where a config's algo names its script (tests point it
 STATUS_EVERY_S = 30.0  # CI logs want a heartbeat, not a redrawn progress bar
 GRACE_S = 10.0  # time a stopped job gets to write its summary.json before it is killed
 LAUNCHER_KEYS = {"config": "CONFIG", "seed": "--seeds", "num_seeds": "--num-seeds", "env": "--env",
-                 "run_name": "(set by run.py)",
+                 "run_name": "(set by run.py)", "pack": "--sweep with --num-seeds",
                  "track": "--track", "wandb_group": "(set by run.py)", "resume": "run.py resume"}
 TRAINING_RETURN = "charts/episodic_return"  # what plot falls back to when evaluations are too few
 TRAINING_SMOOTH = 20  # its default rolling window, in episodes
@@ -909,7 +911,8 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("config", type=Path, help="configs/<algo>/<env>.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds to run (default: 1)")
     p.add_argument("--num-seeds", type=int, default=1, metavar="N",
-                   help="train up to N consecutive seeds in one process (README: many seeds; default: 1)")
+                   help="train up to N consecutive seeds in one process, or N runs of a sweep of packable settings "
+                        "(docs/packs.md; default: 1)")
     p.add_argument("--env", nargs="+", help="environment ids (default: the config's env)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override a script argument in every job, e.g. --set learning_rate=1e-3 cuda=true")

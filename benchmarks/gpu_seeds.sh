@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many seeds in one process on one GPU, at most 6 minutes: seed-steps per second of dqn.py on CartPole (its
+# Many seeds in one process on one GPU, at most 12 minutes: seed-steps per second of dqn.py on CartPole (its
 # envs one numpy array) and per_dqn.py on Pong (its Atari preset, a 20k buffer per seed, all seeds' games in one
 # ale-py vector env) at --num-seeds 1, 8, 32 and 128, the update compiled and replayed as a CUDA graph.
 # Seed-steps/s = each seed's training steps/s (summary.json's train_sps) x seeds.
@@ -29,3 +29,23 @@ print('$run', round(s['train_sps']), 'steps/s per seed,', round(s['train_sps'] *
       || tail -3 "$OUT/$run.log"
   done
 done | tee "$OUT/seeds_sps.txt"
+
+# A packed sweep: PER's alpha sweep on CartPole (per_dqn.py, 6 alphas x seeds 1-5 = 30 runs) in one process, each
+# run its own alpha and seed (--pack), against the same 30 runs as six packs of 5 (one alpha each) one after
+# another: wall seconds of each, whole processes. Every run is 10k steps.
+alphas=(0 0.2 0.4 0.6 0.8 1.0)
+pack_alpha=$(printf '%s,' $(for a in "${alphas[@]}"; do printf '%s ' "$a" "$a" "$a" "$a" "$a"; done)); pack_alpha=${pack_alpha%,}
+pack_seed=$(printf '1,2,3,4,5,%.0s' "${alphas[@]}"); pack_seed=${pack_seed%,}
+sweep_common=(--config configs/per_dqn/cartpole.yaml --total-timesteps 10000 "${common[@]}")
+{
+  start=$(date +%s.%N)
+  timeout 120 python3 algos/per_dqn.py "${sweep_common[@]}" --pack "alpha=$pack_alpha" "seed=$pack_seed" \
+    --run-name "sweep30-{alpha}-{seed}" > "$OUT/sweep30.log" 2>&1 || tail -3 "$OUT/sweep30.log"
+  echo "alpha sweep, 1 packed process of 30: $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+  start=$(date +%s.%N)
+  for a in "${alphas[@]}"; do
+    timeout 60 python3 algos/per_dqn.py "${sweep_common[@]}" --alpha "$a" --num-seeds 5 \
+      --run-name "sweep5-$a-{seed}" > "$OUT/sweep5-$a.log" 2>&1 || tail -3 "$OUT/sweep5-$a.log"
+  done
+  echo "alpha sweep, 6 processes of 5, one after another: $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+} | tee "$OUT/sweep_wall.txt"

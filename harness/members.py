@@ -40,6 +40,8 @@ def packed(args) -> dict[str, list[str]]:
         key = key.strip().lstrip("-").replace("-", "_")
         if not eq or not key or not text:
             fail(f"--pack takes KEY=V1,V2,... (one value per member), got {item!r}")
+        if key not in {field.name for field in dataclasses.fields(args)}:
+            fail(f"--pack {key}: there is no such setting (see --help)")
         if key not in allowed:
             fail(f"--pack {key}: {key} changes a tensor's shape or when the loop's events happen, so the members of a "
                  f"pack cannot differ in it (packable: {', '.join(allowed)}); run.py --sweep launches a pack per value")
@@ -106,6 +108,8 @@ def carried(args, runs: list, device: torch.device):
         if all(v == values[0] for v in values):  # (--pack alpha=0,0: every member's alpha is 0)
             changes[field.name] = values[0]
             continue
+        if any(v is None for v in values):  # (td_lambda: a member without one would train another algorithm)
+            fail(f"--pack {field.name}: the members of a pack must all have a value, or all none")
         numbers = all(isinstance(v, float | int) and not isinstance(v, bool) for v in values)
         changes[field.name] = torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1) if numbers \
             else np.array(values, dtype=object).reshape(-1, 1)

@@ -69,6 +69,10 @@ def test_a_setting_that_changes_shapes_or_the_schedule_is_refused_in_one_line(tm
         with pytest.raises(SystemExit, match=f"^error: --pack {key}: {key} changes a tensor's shape or when the "
                                              "loop's events happen"):
             module.main(tiny_args(module, pack=(f"{key}={values}",)))
+    with pytest.raises(SystemExit, match="^error: --pack td_lambda: the members of a pack must all have a value"):
+        module.main(tiny_args(module, pack=("td_lambda=null,0.9",)))
+    with pytest.raises(SystemExit, match="^error: --pack alhpa: there is no such setting"):
+        module.main(tiny_args(module, pack=("alhpa=0,1",)))
     with pytest.raises(SystemExit, match="one value per member"):
         module.main(tiny_args(module, num_seeds=3, pack=("tau=0.1,0.2",)))
     assert not Path("runs").exists()
