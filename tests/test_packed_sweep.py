@@ -5,6 +5,7 @@ config.yaml and W&B name each member by its values; a packed sweep resumes bit f
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_ot
 @pytest.mark.usefixtures("main_in_tmp_path")
 def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
     """A pack of alpha 0 and 0.6 (seed 1 each): each W&B run is named by its run directory, which names its alpha,
-    with its own alpha in its config; run.py table --by alpha has a row per alpha."""
+    with its own alpha in its config; run.py table --by alpha has a row per alpha; --evaluate of the second member
+    plays its final evaluation again."""
     import wandb
 
     started = []
@@ -137,6 +139,8 @@ def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
         [("sweep__alpha=0__1", 0.0, 1), ("sweep__alpha=0.6__1", 0.6, 1)]
     table = run.results_table([Path("runs")], by="alpha")
     assert "| per_dqn | CartPole-v1 | 0.0 |" in table and "| per_dqn | CartPole-v1 | 0.6 |" in table, table
+    record = module.main(parse(module, ["--evaluate", "runs/sweep__alpha=0.6__1"]))  # a member, as any run
+    assert record["returns"] == json.loads(Path("runs/sweep__alpha=0.6__1/summary.json").read_text())["eval_returns"]
 
 
 @pytest.mark.slow
