@@ -36,7 +36,7 @@ class Args(RunArgs):
     total_timesteps: int = 100_000  # environment steps of each seed, summed over its parallel environments
     learning_rate: Packable[float] = 1e-3  # Adam's learning rate
     anneal_lr: bool = True  # decay the learning rate to 0 at the end of training, so the final policy settles
-    lr_decay: Literal["linear", "cosine"] = "linear"  # the shape of anneal_lr's decay: line or half cosine
+    lr_decay: Literal["linear", "cosine"] = "linear"  # the shape of anneal_lr's decay: a line or a half cosine
     buffer_size: int = 100_000  # replay capacity in transitions
     gamma: Packable[float] = 0.99  # discount factor
     tau: Packable[float] = 1.0  # target update rate: 1 copies the Q-network, less moves the target that fraction closer
