@@ -74,7 +74,8 @@ class QNetwork(nn.Module):
                                      nn.Linear(256, actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [batch, *obs_shape] -> [batch, actions]
-        return self.net(obs.float() / 255.0 if self.image else obs.float().flatten(-self.obs_dims))
+        q = self.net(obs.float() / 255.0 if self.image else obs.float().flatten(-self.obs_dims))
+        return q.float()  # fp32 Q-values under bf16 autocast (--precision): targets and TD errors stay fp32
 
 
 def epsilon_at(step: int, args: Args) -> float:

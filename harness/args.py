@@ -64,6 +64,7 @@ class RunArgs:
     evaluate: str | None = None  # evaluate the networks of this run directory (see README: watch and evaluate)
     cuda: bool = True  # use CUDA when it is available
     threads: int = 1  # torch CPU threads (one is fastest for small networks; raise it for CNNs on a CPU)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # the update: auto = bf16 for a CNN on a CPU with bf16
     compile: bool = False  # torch.compile the update
     cudagraphs: bool = False  # replay the update as a CUDA graph (CUDA only)
     track: bool = False  # log to Weights & Biases (WANDB_MODE=offline works without an account)

@@ -43,6 +43,7 @@ from .args import algo_of, fail, load_checkpoint, run_config
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .members import carried, each, members, packed, repacked
 from .members import names as member_names
+from .precision import autocast, chosen_precision
 from .seeds import adam, seed_state_dict, stacked
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs and exploration are seeded apart from training's: seed + 10000
@@ -104,6 +105,7 @@ class Run:
         torch.backends.cudnn.deterministic = True
         torch.set_num_threads(args.threads)
         self.signal, self.reached, self.wandb = None, False, None
+        self.precision, self.precision_why = "fp32", "fp32"  # make_env chooses (it knows the observations)
         self.due, self.last, self.recent, self.parts = None, None, [], {}
 
     def _resumed(self, args):
@@ -136,9 +138,20 @@ class Run:
         try:
             if self.args.capture_video:
                 check_video(self.args.env)
-            return make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
+            env = make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
         except (ValueError, RuntimeError, ImportError) as e:
             fail(str(e))
+        self._choose_precision(env.single_observation_space)
+        return env
+
+    def _choose_precision(self, space: gym.Space) -> None:
+        """The update's precision (see precision.py), resolved once and saved as the run's own (config.yaml, the
+        checkpoint), so that a resumed run computes as it did; evaluation runs the fp32 network whatever it was."""
+        asked = "fp32" if self.args.evaluate else self.args.precision
+        source = f"{self.dir} trained with bf16 autocast, but" if self.resumed is not None else "--precision bf16:"
+        self.precision, self.precision_why = chosen_precision(asked, self.device, space, source)
+        self.plain, self.args = (replace(a, precision=self.precision) for a in (self.plain, self.args))
+        self.members = [replace(run, precision=self.precision) for run in self.members]
 
     def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
         """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension (a layer
@@ -170,6 +183,7 @@ class Run:
     def compiled(self, update: Callable, buffer=None) -> Callable:
         """The update, wrapped by torch.compile (--compile) and, with --cudagraphs on a GPU, replayed as a CUDA graph,
         unless `buffer` can be captured (it reads only device tensors): then `graphed` captures the whole learner."""
+        update = autocast(update, self.precision, self.device)
         if self.args.compile:
             # Static shapes: a batch's shapes never change, and torch 2.11 failed to build the guards of a
             # recompile with symbolic shapes (a pack's DQN update on CUDA: "IndexError: list index out of range").
@@ -221,7 +235,7 @@ class Run:
         if self.args.track:
             self._start_wandb(configs, state["wandb_ids"] if state else None, sent)
         pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
-        print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, settings in "
+        print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, {self.precision_why}, settings in "
               f"{self.dir / 'config.yaml'}")
         self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
                         disable=not sys.stderr.isatty())

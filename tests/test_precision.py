@@ -1,0 +1,161 @@
+"""--precision: bf16 autocast for the DQN files' CNN on a CPU with bf16 instructions, chosen per CPU, refused in one
+line where it cannot run well, kept by a resumed run; fp32 Q-values, targets and TD errors under it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import harness.precision
+import harness.run
+from harness.precision import chosen_precision
+from tests.algo_utils import load_algo, parse
+
+IMAGES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+VECTORS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+CPU = torch.device("cpu")
+HAS_BF16 = bool(set(harness.precision.BF16_FLAGS) & harness.precision.cpu_flags()) and not harness.precision.bf16_runs()
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no amx_bf16 or avx512_bf16")
+
+
+@pytest.fixture
+def flags(monkeypatch):
+    """Set the CPU flags the choice sees: flags({"avx512_bf16"})."""
+    return lambda found: monkeypatch.setattr(harness.precision, "cpu_flags", lambda: set(found))
+
+
+def test_auto_takes_bf16_for_images_on_a_bf16_cpu_and_fp32_elsewhere(flags, monkeypatch):
+    """auto: bf16 for uint8 image observations on a CPU with amx_bf16 or avx512_bf16 (where bf16 runs), fp32 for
+    vector observations, on a CPU without those flags, on a GPU, and where a bf16 convolution's backward raises;
+    fp32 asked is fp32 everywhere. The reason is said."""
+    monkeypatch.setattr(harness.precision, "bf16_runs", lambda: None)
+    for found in ({"amx_bf16", "avx512f"}, {"avx512_bf16"}):
+        flags(found)
+        precision, why = chosen_precision("auto", CPU, IMAGES)
+        assert precision == "bf16" and next(iter(found & {"amx_bf16", "avx512_bf16"})) in why
+        assert chosen_precision("fp32", CPU, IMAGES)[0] == "fp32"
+        assert chosen_precision("auto", CPU, VECTORS)[0] == "fp32"
+        assert chosen_precision("auto", torch.device("cuda"), IMAGES)[0] == "fp32"
+    flags({"avx512f", "avx2", "avx512_vnni"})
+    precision, why = chosen_precision("auto", CPU, IMAGES)
+    assert precision == "fp32" and "no amx_bf16 or avx512_bf16" in why
+    flags({"amx_bf16"})
+    monkeypatch.setattr(harness.precision, "bf16_runs", lambda: "could not create a primitive")
+    precision, why = chosen_precision("auto", CPU, IMAGES)
+    assert precision == "fp32" and "could not create a primitive" in why
+
+
+def test_bf16_is_refused_in_one_line_where_it_cannot_run_well(flags, monkeypatch):
+    """--precision bf16 without the CPU's bf16 instructions, where the convolution's backward raises, or on a GPU:
+    one line naming the flag and what to use instead."""
+    flags({"avx2"})
+    with pytest.raises(SystemExit, match=r"^error: --precision bf16: this CPU has neither amx_bf16 nor avx512_bf16.*"
+                                         r"use --precision fp32") as refused:
+        chosen_precision("bf16", CPU, IMAGES)
+    assert "\n" not in str(refused.value)
+    flags({"avx512_bf16"})
+    monkeypatch.setattr(harness.precision, "bf16_runs", lambda: "could not create a primitive descriptor")
+    with pytest.raises(SystemExit, match="backward does not run on this CPU .could not create a primitive descriptor"):
+        chosen_precision("bf16", CPU, IMAGES)
+    with pytest.raises(SystemExit, match="bf16 is the CPU's path"):
+        chosen_precision("bf16", torch.device("cuda"), IMAGES)
+
+
+def test_the_file_refuses_bf16_before_writing_anything(tmp_path, monkeypatch, flags):
+    """`python algos/per_dqn.py --env PongNoFrameskip-v4 --precision bf16` on a CPU without bf16: one line, no run
+    directory."""
+    flags({"avx2"})
+    monkeypatch.chdir(tmp_path)
+    algo = load_algo("per_dqn")
+    with pytest.raises(SystemExit, match="^error: --precision bf16: this CPU has neither"):
+        algo.main(parse(algo, ["--env", "PongNoFrameskip-v4", "--precision", "bf16", "--no-cuda"]))
+    assert not (tmp_path / "runs").exists()
+
+
+def pong(name: str, *more: str) -> list[str]:
+    """A Pong run of the Atari preset that reaches 80 gradient steps in seconds (fake evaluations, below)."""
+    return ["--env", "PongNoFrameskip-v4", "--total-timesteps", "480", "--learning-starts", "160", "--num-envs", "2",
+            "--buffer-size", "2000", "--eval-frequency", "240", "--eval-episodes", "1", "--checkpoint-frequency", "0",
+            "--threads", "1", "--no-cuda", "--run-name", name, *more]
+
+
+def model(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if "charts/SPS" not in r]
+
+
+@pytest.fixture
+def fake_evaluations(monkeypatch):
+    """Evaluations that play no Pong (their games are not under test) and send SIGTERM at the calls asked for."""
+    calls, stop_at = [0], set()
+
+    def evaluate(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] in stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        return [[0.0]]
+
+    monkeypatch.setattr(harness.run, "evaluate", evaluate)
+    return stop_at
+
+
+@needs_bf16
+def test_bf16_trains_reproducibly_with_fp32_q_values(tmp_path, monkeypatch, fake_evaluations):
+    """On a bf16 CPU, auto trains Pong's CNN under bf16 autocast: two runs are the same bit for bit, both differ from
+    the fp32 run (so autocast is on), by little (so the master weights are fp32), and the logged Q-values and TD
+    errors are fp32 numbers. config.yaml records the precision the run took."""
+    monkeypatch.chdir(tmp_path)
+    algo = load_algo("per_dqn")
+    for name, precision in (("a", "auto"), ("b", "bf16"), ("c", "fp32")):
+        algo.main(parse(algo, pong(name, "--precision", precision)))
+    a, b, c = (model(tmp_path / "runs" / name) for name in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert records(tmp_path / "runs" / "a") == records(tmp_path / "runs" / "b")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    assert all(a[k].dtype == torch.float32 and torch.allclose(a[k], c[k], atol=1e-2) for k in a)
+    assert yaml.safe_load((tmp_path / "runs" / "a" / "config.yaml").read_text())["precision"] == "bf16"
+    assert yaml.safe_load((tmp_path / "runs" / "c" / "config.yaml").read_text())["precision"] == "fp32"
+    losses = [r for r in records(tmp_path / "runs" / "a") if "losses/q_values" in r]
+    in_bf16 = [torch.tensor(r[key]).bfloat16().float().item() == r[key] for r in losses
+               for key in ("losses/q_values", "losses/abs_td_error")]
+    assert losses and not all(in_bf16)  # Q-values left in bf16 would all be bf16 numbers
+
+@needs_bf16
+def test_a_bf16_checkpoint_resumes_in_bf16_and_is_refused_where_bf16_is_not(tmp_path, monkeypatch, fake_evaluations):
+    """A bf16 run stopped by SIGTERM at its first evaluation: on a CPU without bf16 its resume is refused in one line
+    naming the run (auto is not chosen again: the checkpoint holds bf16) and changes nothing; resumed here, it and a
+    copy of it resumed end the same bit for bit, in bf16 (Atari resumes start new games, so a resumed Atari run is
+    compared with a resumed one, not with the run left alone)."""
+    monkeypatch.chdir(tmp_path)
+    algo = load_algo("per_dqn")
+    fake_evaluations.add(1)
+    summary = algo.main(parse(algo, pong("stopped")))
+    assert summary["interrupted"] and summary["global_step"] == 240
+    stopped, copy = tmp_path / "runs" / "stopped", tmp_path / "runs" / "copy"
+    shutil.copytree(stopped, copy)
+    checkpoint = (stopped / "checkpoint.pt").read_bytes()
+    with monkeypatch.context() as m:
+        m.setattr(harness.precision, "cpu_flags", lambda: {"avx2"})
+        with pytest.raises(SystemExit, match=r"^error: runs/stopped trained with bf16 autocast, but this CPU has "):
+            algo.main(parse(algo, ["--resume", str(Path("runs") / "stopped")]))
+    assert (stopped / "checkpoint.pt").read_bytes() == checkpoint
+    for run_dir in (stopped, copy):
+        summary = algo.main(parse(algo, ["--resume", str(run_dir)]))
+        assert not summary["interrupted"] and summary["global_step"] == 480
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["precision"] == "bf16"
+    assert records(stopped) == records(copy) and any("losses/td_loss" in r for r in records(stopped))
+    assert all(torch.equal(model(copy)[k], v) for k, v in model(stopped).items())
