@@ -321,7 +321,7 @@ class Run:
         an evaluation (every eval_frequency: it ends training at --stop-return) and a checkpoint."""
         if crossed(1000, previous, step):
             sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
-            self.log(step, {"charts/SPS": sps})
+            self.log(step, {"charts/SPS": sps, "charts/wall_time_s": round(self.wall_s(), 1)})  # a curve in time
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(SPS=f"{sps:.0f}", recent_return=f"{np.mean(self.recent):.1f}" if self.recent else "-")
         if crossed(self.args.eval_frequency, previous, step):
