@@ -13,6 +13,7 @@ training's speed). The configurations climb from the code before to the Atari pr
     bf16_2t       --precision bf16 --threads 2 --num-envs 1 --train-frequency 1
     bf16_2t_8e    --precision bf16 --threads 2 --num-envs 8 --train-frequency 1   (the book's replay ratio)
     after         the preset: auto (bf16 here), 2 threads, 8 envs, train_frequency 2
+    after_1t      the preset on one thread (--threads 1: the choice when other work shares the cores)
 
 Timers around the loop's calls split an agent step (global_step counts agent steps over the envs) into the learner
 (`learn`: sampling, the update, priorities, target moves), the emulator (AtariVectorEnv.step), acting's Q-network
@@ -49,6 +50,7 @@ LADDER = {
     "bf16_2t": ["--precision", "bf16", "--threads", "2", "--num-envs", "1", "--train-frequency", "1"],
     "bf16_2t_8e": ["--precision", "bf16", "--threads", "2", "--num-envs", "8", "--train-frequency", "1"],
     "after": [],
+    "after_1t": ["--threads", "1"],
 }
 LEARNING_STARTS = 1000
 
