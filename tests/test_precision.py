@@ -159,3 +159,33 @@ def test_a_bf16_checkpoint_resumes_in_bf16_and_is_refused_where_bf16_is_not(tmp_
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["precision"] == "bf16"
     assert records(stopped) == records(copy) and any("losses/td_loss" in r for r in records(stopped))
     assert all(torch.equal(model(copy)[k], v) for k, v in model(stopped).items())
+
+
+@needs_bf16
+def test_a_packs_cnn_under_bf16_computes_each_seed_as_alone_to_bf16_rounding():
+    """per_dqn's Nature CNN stacked for seeds 1-3, forward and backward under bf16 autocast: each seed's Q-values (fp32)
+    and weight gradients equal its network's alone under the same autocast to bf16 rounding (relative 2e-2 of the
+    largest value; the pack's grouped products round otherwise), and differ from fp32's (autocast is applied)."""
+    from harness.seeds import stacked
+
+    algo = load_algo("per_dqn")
+    space, actions = IMAGES, gym.spaces.Discrete(6)
+    seeds = [1, 2, 3]
+    pack = stacked(lambda: algo.QNetwork(space, actions), seeds)
+    alone = [stacked(lambda: algo.QNetwork(space, actions), [seed]) for seed in seeds]
+    obs = torch.randint(0, 256, (3, 8, 4, 84, 84), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q = pack(obs)
+        q.sum().backward()
+        q_alone = []
+        for network, rows in zip(alone, obs, strict=True):
+            q_alone.append(network(rows))
+            q_alone[-1].sum().backward()
+    assert q.dtype == torch.float32 and q.shape == (3, 8, 6)
+    for i, network in enumerate(alone):
+        scale = q_alone[i].detach().abs().max()
+        assert torch.allclose(q[i], q_alone[i], rtol=0, atol=2e-2 * float(scale))
+        for (name, stacked_p), p in zip(pack.named_parameters(), network.parameters(), strict=True):
+            grad_scale = float(p.grad.abs().max())
+            assert torch.allclose(stacked_p.grad[i], p.grad, rtol=0, atol=2e-2 * grad_scale), name
+    assert not torch.equal(q_alone[0], alone[0](obs[0]))  # fp32 outside autocast: another number
