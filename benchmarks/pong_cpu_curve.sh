@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The CPU Pong run's curve as far as it went: benchmarks/results/pong_cpu_bf16.json and .png (see pong_curve.py).
+# The run: seed 1 of the Atari preset with 25k-step evaluations and checkpoints, stopped and continued with --resume;
+# its first two processes (to steps 31,856 and 34,184) logged no wall time, so their segments are given.
+cd "$(dirname "$0")/.."
+python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__1 --name pong_cpu_bf16 \
+  --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR" \
+  --machine "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast, 2 threads, 8 envs, shared with other jobs" \
+  --segments 0:0 31856:668 34184:695
