@@ -322,6 +322,22 @@ def test_seed_adam_calls_the_closure_and_returns_its_loss():
     assert optimizer.step(closure).item() == 6.0 and (pack < 1).all()
 
 
+def test_each_members_own_max_norm_clips_as_the_number_alone():
+    """A pack's max norms [0.3, 10] ([members, 1], float64, as a packed sweep gives them) clip member 0's gradient
+    as clip_grad_norm with the number 0.3 clips it alone, bit for bit, over 200 random gradients (seed 0). Fails if
+    the pack divides by the norms where a number over a tensor is the tensor's reciprocal times the number (about a
+    quarter of them differ in the last bit; a power of two such as 0.5 hides it)."""
+    torch.manual_seed(0)
+    max_norms = torch.tensor([[0.3], [10.0]], dtype=torch.float64)
+    for _ in range(200):
+        grad = torch.randn(2, 40)
+        pack, alone = nn.Parameter(torch.zeros(2, 40)), nn.Parameter(torch.zeros(40))
+        pack.grad, alone.grad = grad.clone(), grad[0].clone()
+        clip_grad_norm([pack], max_norms, 2)
+        clip_grad_norm([alone], 0.3)
+        assert torch.equal(pack.grad[0], alone.grad)
+
+
 def test_clipping_without_gradients_gives_a_norm_of_zero():
     """As nn.utils.clip_grad_norm_: no parameter with a gradient is a norm of 0, not an error."""
     parameters = [nn.Parameter(torch.ones(2, 3))]
