@@ -11,9 +11,11 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import run
+from harness.members import carried, members
 from tests.algo_utils import ROOT, load_algo, parse, tiny_args
 from tests.test_resume import CASES, assert_same, finished, outcome, start, wait_for
 from tests.test_resume import COMMON as RESUME_COMMON
@@ -133,6 +135,22 @@ def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_ot
     assert [job.names for job in run.resumed_jobs(record, tmp_path / "runs")] == [job.names for job in jobs]
     assert run.packable_keys(ROOT / "algos" / "dqn.py") >= {"learning_rate", "gamma", "tau", "max_grad_norm"}
     assert not run.packable_keys(ROOT / "algos" / "dqn.py") & {"batch_size", "buffer_size", "train_frequency"}
+
+
+def test_the_launcher_packs_runs_without_a_value_apart_from_runs_with_one(tmp_path):
+    """ddpg's --sweep td_lambda=null,0.9 --seeds 1 2 3 --num-seeds 2: packs of the null runs and packs of the 0.9
+    runs, each one ddpg.py takes (its members' arguments as the file reads them). Fails if the runs are packed in
+    order whatever their values (seed 3 at null with seed 1 at 0.9, which ddpg.py refuses)."""
+    args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "3", "--sweep", "td_lambda=null,0.9",
+                                           "--num-seeds", "2"])
+    jobs = run.jobs_for(args, {"env": "Pendulum-v1"}, "ddpg", "c__7", tmp_path,
+                        run.packable_keys(ROOT / "algos" / "ddpg.py"))
+    assert [[(m["td_lambda"], m["seed"]) for m in job.members] for job in jobs] == \
+        [[("null", 1), ("null", 2)], [("null", 3)], [("0.9", 1), ("0.9", 2)], [("0.9", 3)]]
+    ddpg = load_algo("ddpg")
+    for job in jobs:
+        script = parse(ddpg, job.argv)
+        carried(script, members(script), torch.device("cpu"))  # what the file refuses, it refuses here
 
 
 @pytest.mark.usefixtures("main_in_tmp_path")
