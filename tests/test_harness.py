@@ -466,6 +466,22 @@ def test_evaluate_finds_the_packs_checkpoint_when_the_pack_was_killed_before_its
     assert record["returns"] == dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))["returns"]
 
 
+def test_evaluate_finds_the_checkpoint_of_a_killed_pack_whose_seeds_are_not_consecutive(monkeypatch):
+    """--pack seed=1,3 run_name=a,b with --no-save-model, killed as its first summary.json is written: --evaluate
+    runs/b finds the checkpoint in a, whose list of the pack's directories holds b, and evaluates b's row. Fails if
+    the holder is looked for among the directories of the seeds just before b's (2 and 3)."""
+    def killed(value, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.run, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dqn.main(tiny_args(dqn, pack=("seed=1,3", "run_name=a,b"), save_model=False, checkpoint_frequency=200))
+    monkeypatch.setattr(harness.run, "write_json_atomic", write_json_atomic)
+    assert not Path("runs/b/checkpoint.pt").exists() and Path("runs/a/checkpoint.pt").exists()
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/b"]))
+    assert record["networks"] == "checkpoint.pt" and record["seed"] == 3 and record["global_step"] == 400
+
+
 def test_evaluate_of_a_renamed_copy_of_a_run_without_model_pt_reads_its_checkpoint():
     """A single run with --no-save-model, copied under another name: --evaluate of the copy loads the checkpoint
     (saved under the old name) and plays the final evaluation again. Fails if the row is looked up by name."""
