@@ -183,6 +183,19 @@ def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
     assert record["returns"] == json.loads(Path("runs/sweep__alpha=0.6__1/summary.json").read_text())["eval_returns"]
 
 
+@pytest.mark.usefixtures("main_in_tmp_path")
+def test_a_members_config_reruns_that_member_alone():
+    """per_dqn members alpha 0 and 0.6, both seed 1: --config with the second member's config.yaml (and another
+    --run-name) trains that run alone, bit for bit. Fails if config.yaml holds the pack's num_seeds (it trained a
+    pack of seeds 1 and 2 at alpha 0.6)."""
+    module = load_algo("per_dqn")
+    module.main(tiny_args(module, pack=("alpha=0,0.6", "seed=1,1", "run_name=a,b"), total_timesteps=600,
+                          save_model=True))
+    summary = module.main(parse(module, ["--config", "runs/b/config.yaml", "--run-name", "again"]))
+    assert summary["run_name"] == "again" and summary["num_seeds"] == 1
+    assert_same(outcome(Path("runs/b")), outcome(Path("runs/again")), episodes=2)
+
+
 @pytest.mark.slow
 def test_a_packed_sweep_stopped_by_sigterm_resumes_bit_for_bit(tmp_path):
     """per_dqn, members alpha 0 / 0.6 and learning rate 1e-3 / 3e-4 (seed 1 each): SIGTERM after the first checkpoint,
