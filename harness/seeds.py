@@ -16,7 +16,8 @@ seed's network is initialised under its own torch seed, as a lone run initialise
   nn.PReLU, nn.GRUCell, nn.MultiheadAttention, ...) keeps its class and gets its tensors stacked [seeds, ...]; its
   forward runs once per seed, on that seed's rows and tensors (its running statistics updated in its own row), so
   each seed computes exactly what it computes alone. Its tensor arguments (in tuples and lists too) are each seed's
-  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call shows (_each_seed).
+  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call with inputs of those
+  ranks shows (_each_seed); a later call that check did not show a layer is refused.
   Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are looked into.
 - The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer, an
   nn.ParameterList or nn.ParameterDict) get a seed dimension and a batch dimension of 1, [seeds, 1, ...], so they
@@ -25,9 +26,9 @@ seed's network is initialised under its own torch seed, as a lone run initialise
 - Refused at start, with the layer's name, type and why (_unstackable): recurrent layers (nn.RNN, nn.LSTM, nn.GRU
   keep flat copies of their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize), modules with
   hooks (the hook-based spectral_norm and weight_norm), embeddings with max_norm, and tied parameters.
-- Refused at the first call, before it computes (_first_call): a pack whose modules compute otherwise than each
-  seed alone (a 0-d temperature over [batch, actions], a shared tensor into nn.Linear), found by running each
-  seed's plain network on its rows and the pack on the same inputs.
+- Refused at the first call (and the first with inputs of other ranks), before it computes (_first_call): a pack
+  whose modules compute otherwise than each seed alone (a 0-d temperature over [batch, actions], a shared tensor
+  into nn.Linear), found by running each seed's plain network on its rows and the pack on the same inputs.
 
 The plain modules need no change beyond working on any leading dimensions (nn.Flatten(-3), not Flatten(1)).
 docs/packs.md lists what a pack supports and how fast each path is.
