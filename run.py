@@ -220,8 +220,7 @@ def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch
                 runs = [dict(zip(inside, packed, strict=True)) | {"seed": seed}
                         for packed in itertools.product(*[sweep[key] for key in inside])
                         for seed in dict.fromkeys(args.seeds)]
-                for start in range(0, len(runs), args.num_seeds):
-                    members = runs[start:start + args.num_seeds]
+                for members in packed_runs(runs, inside, args.num_seeds):
                     names = [f"{env_name}__{algo}{swept_tag(sweep, values | m)}__{m['seed']}__{launch_id}"
                              for m in members]
                     pack = [f"{key}={','.join(str(m[key]) for m in members)}" for key in ("seed", *inside)]
@@ -239,6 +238,16 @@ def jobs_for(args: argparse.Namespace, config: dict[str, Any], algo: str, launch
                 jobs.append(Job(names[0], str(env or "default"), seeds[0], argv, log_dir / f"{names[0]}.log", values,
                                 pack=names if len(seeds) > 1 else []))
     return jobs
+
+
+def packed_runs(runs: list[dict[str, str]], keys: list[str], size: int) -> list[list[dict[str, str]]]:
+    """The runs of a packed sweep in packs of at most `size`, in order: runs whose swept values are null
+    (td_lambda: null) apart from those with a value, since a script refuses a pack whose members have a setting some
+    with a value and some without (harness/members.py, carried)."""
+    kinds: dict[tuple[bool, ...], list[dict[str, str]]] = {}
+    for run in runs:
+        kinds.setdefault(tuple(yaml_value(run[key]) is None for key in keys), []).append(run)
+    return [kind[start:start + size] for kind in kinds.values() for start in range(0, len(kind), size)]
 
 
 def swept_tag(sweep: dict[str, list[str]], values: dict[str, str]) -> str:

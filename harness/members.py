@@ -59,7 +59,7 @@ def members(args) -> list:
     """Each member's arguments, as a lone run of it would have them (one seed, its own values, no --pack)."""
     raw = packed(args)
     size = len(next(iter(raw.values()))) if raw else args.num_seeds
-    plain = replace(args, pack=(), num_seeds=size)
+    plain = replace(args, pack=(), num_seeds=1)  # its config.yaml reruns it alone
     runs = []
     for i in range(size):
         values = {key: yaml.safe_load(texts[i]) for key, texts in raw.items()}

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
 
-from .args import algo_of, fail, load_checkpoint, run_config
+from .args import algo_of, fail, load_checkpoint
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .members import carried, each, members, packed, repacked
 from .members import names as member_names
@@ -450,18 +450,18 @@ class Run:
             fail(f"cannot load the networks of {self.dir} from {self.source}: {e}")
 
     def _checkpoint_holder(self, pack_dirs: list[str] | None) -> Path | None:
-        """The directory whose checkpoint.pt holds this run's networks: its own (a lone run), or its pack's first
-        seed's, named by summary.json, else (a pack stopped before it wrote one) found beside it: the directory of
-        a checkpoint whose pack lists this one, among those of the seeds before it in the same pack."""
-        config = run_config(str(self.dir), self.algo)
-        if pack_dirs or config.get("num_seeds", 1) == 1:  # a lone run's pack_dirs: [its name when it ran]
-            holder = self.dir if not pack_dirs or len(pack_dirs) == 1 else self.dir.parent / pack_dirs[0]
+        """The directory whose checkpoint.pt holds this run's networks: its own (a lone run, or a pack's first
+        member), or its pack's first member's, named by summary.json, else (a pack stopped before it wrote one) found
+        beside it from the pack's own record of its members: a checkpoint whose list of run directories holds this
+        one (the members' seeds and values say nothing of their pack: seeds 1 and 3, or 1 and 1)."""
+        if (self.dir / "checkpoint.pt").exists():
+            return self.dir
+        if pack_dirs:
+            holder = self.dir.parent / pack_dirs[0]
             return holder if (holder / "checkpoint.pt").exists() else None
-        seeds = range(config["seed"] - config["num_seeds"] + 1, config["seed"] + 1)  # the first seeds it could follow
         for candidate in sorted(p.parent for p in self.dir.parent.glob("*/checkpoint.pt")):
-            other = read_yaml(candidate / "config.yaml")
-            if (other.get("algo") == self.algo and other.get("num_seeds") == config["num_seeds"]
-                    and other.get("seed") in seeds and self.dir.name in load_checkpoint(candidate, self.algo)["dirs"]):
+            if read_yaml(candidate / "config.yaml").get("algo") == self.algo and \
+                    self.dir.name in load_checkpoint(candidate, self.algo)["dirs"]:
                 return candidate
         return None
 

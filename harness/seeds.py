@@ -16,7 +16,8 @@ seed's network is initialised under its own torch seed, as a lone run initialise
   nn.PReLU, nn.GRUCell, nn.MultiheadAttention, ...) keeps its class and gets its tensors stacked [seeds, ...]; its
   forward runs once per seed, on that seed's rows and tensors (its running statistics updated in its own row), so
   each seed computes exactly what it computes alone. Its tensor arguments (in tuples and lists too) are each seed's
-  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call shows (_each_seed).
+  rows or shared by the seeds (a mask, positions), told apart by what the pack's first call with inputs of those
+  ranks shows (_each_seed); a later call that check did not show a layer is refused.
   Containers (nn.Sequential, nn.ModuleList, nn.ModuleDict) are looked into.
 - The parameters and buffers of the network's own modules (a bare nn.Parameter, a registered buffer, an
   nn.ParameterList or nn.ParameterDict) get a seed dimension and a batch dimension of 1, [seeds, 1, ...], so they
@@ -25,9 +26,9 @@ seed's network is initialised under its own torch seed, as a lone run initialise
 - Refused at start, with the layer's name, type and why (_unstackable): recurrent layers (nn.RNN, nn.LSTM, nn.GRU
   keep flat copies of their weights), lazy layers, parametrized layers (torch.nn.utils.parametrize), modules with
   hooks (the hook-based spectral_norm and weight_norm), embeddings with max_norm, and tied parameters.
-- Refused at the first call, before it computes (_first_call): a pack whose modules compute otherwise than each
-  seed alone (a 0-d temperature over [batch, actions], a shared tensor into nn.Linear), found by running each
-  seed's plain network on its rows and the pack on the same inputs.
+- Refused at the first call (and the first with inputs of other ranks), before it computes (_first_call): a pack
+  whose modules compute otherwise than each seed alone (a 0-d temperature over [batch, actions], a shared tensor
+  into nn.Linear), found by running each seed's plain network on its rows and the pack on the same inputs.
 
 The plain modules need no change beyond working on any leading dimensions (nn.Flatten(-3), not Flatten(1)).
 docs/packs.md lists what a pack supports and how fast each path is.
@@ -38,6 +39,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
 from typing import NoReturn
@@ -177,23 +179,33 @@ def _each_seed(module: nn.Module, plain: nn.Module, *inputs, **options):
     that does not start on a 64-byte boundary as a copy: some kernels round such rows differently), with their
     gradients flowing back into the stack; buffers as views, so a running statistic is updated in its seed's row.
 
-    Which tensor arguments (positional, keyword, in tuples and lists) are per seed is what the pack's first call
-    showed (_first_call): with one dimension more than the layer gets alone, a seed's rows [seeds, ...]; with two
-    more, a seed's value without a batch [seeds, 1, ...]; with as many, shared by all seeds (a mask, positions) and
-    given whole to each. A layer given no batched rows returns its seeds' outputs without a batch, [seeds, 1, ...],
-    so that they broadcast over [seeds, batch, ...] as the output alone broadcasts over [batch, ...]."""
+    Which tensor arguments (positional, keyword, in tuples and lists) are per seed is what the pack's first call with
+    inputs of these ranks showed (_first_call): with one dimension more than the layer gets alone, a seed's rows
+    [seeds, ...]; with two more, a seed's value without a batch [seeds, 1, ...]; with as many, shared by all seeds (a
+    mask, positions) and given whole to each. A layer given no batched rows returns its seeds' outputs without a
+    batch, [seeds, 1, ...], so that they broadcast over [seeds, batch, ...] as the output alone broadcasts over
+    [batch, ...]. A call that check did not show (other arguments, None where it saw a tensor, tensors of other
+    ranks) is refused: which of its tensors are per seed cannot be told."""
     if plain.training != module.training:
         plain.train(module.training)
-    leaves, spec = tree_flatten((inputs, options))
-    ranks = module._seed_ranks.get(spec)
-    if ranks is None:
+    leaves, spec, key, ranks = _arguments(inputs, options)
+    known = module._seed_ranks.get(key)
+    if known is None:
         module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): called with other arguments than at the "
-                            "pack's first call, so which of its tensors are per seed is not known (docs/packs.md)")
+                            "pack's first call with inputs of these ranks, so which of its tensors are per seed is not "
+                            "known (docs/packs.md)")
+    if known.open:  # the check's own run of the pack: what this layer gets in it
+        known.pack.add(ranks)
+    elif ranks not in known.pack:
+        shown = " or ".join(str(_tensor_ranks(r)) for r in sorted(known.pack, key=_tensor_ranks))
+        module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): called with tensors of ranks "
+                            f"{_tensor_ranks(ranks)} where the pack's first call with inputs of these ranks gave it "
+                            f"{shown}, so which of its tensors are per seed cannot be told (docs/packs.md)")
     slots = [(getattr(plain_sub, kind), name, kind == "_parameters", value.unbind(0))
              for sub, plain_sub in zip(module.modules(), plain.modules(), strict=True)
              for kind in ("_parameters", "_buffers") for name, value in getattr(sub, kind).items() if value is not None]
     seeds = len(slots[0][3])
-    extra = [None if rank is None else x.dim() - rank for x, rank in zip(leaves, ranks, strict=True)]
+    extra = [None if rank is None else x.dim() - rank for x, rank in zip(leaves, known.alone, strict=True)]
     for j, (x, more) in enumerate(zip(leaves, extra, strict=True)):
         if more not in (None, 0) and (more not in (1, 2) or x.shape[:more] != (seeds, 1)[:more]):
             module._seed_refuse(f"{module._seed_path} ({type(module).__name__}): its tensor argument {j} has shape "
@@ -308,23 +320,67 @@ def _stack_own(module: nn.Module, copies: list[nn.Module], batch: bool) -> None:
 
 
 def _first_call_hook(pack: nn.Module, args: tuple, kwargs: dict) -> None:
-    if not pack._seed_checked:
-        pack._seed_checked = True  # the check's own call of the pack is not checked again
+    """Before each call of the pack: inputs of ranks no call had before are checked first (_first_call), and the
+    per-seed layers are given what the check of inputs of these ranks showed them (a [seeds, batch, time, n] input
+    and a [seeds, batch, n] one may give a layer a seed's rows where the other gives it a shared tensor)."""
+    if pack._seed_checking:
+        return  # the check's own call of the pack
+    signature = _signature(args, kwargs)
+    if signature == pack._seed_signature:
+        return
+    pack._seed_signature = None  # until the layers hold this signature's ranks (a refused check leaves them not)
+    if signature not in pack._seed_known:
+        pack._seed_checking = True
         try:
-            _first_call(pack, args, kwargs)
-        except BaseException:  # refused: the next call is checked again
-            pack._seed_checked = False
-            raise
+            pack._seed_known[signature] = _first_call(pack, args, kwargs)  # refused: the next call is checked again
+        finally:
+            pack._seed_checking = False
+    for path, layer in pack._seed_layers.items():
+        layer._seed_ranks = pack._seed_known[signature].get(path, {})
+    pack._seed_signature = signature
 
 
-@torch.compiler.disable  # eagerly, once, even where the first call is inside a compiled update
-def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Before the pack's first call computes: each seed's plain network runs alone on its rows, which shows what
-    every per-seed layer gets alone (_each_seed's shared and per-seed tensors), then the pack runs on the same
-    inputs, and each module's output must be, row by row, each seed's alone (to float rounding), else the pack is
-    refused in one line naming the first module that differs. Both run in eval mode, without gradients, on copies of
-    the tensors made distinct per seed (seeds initialised alike, a temperature of 1, would hide a mix of seeds),
-    so nothing of the pack's state changes."""
+def _arguments(args: tuple, kwargs: dict) -> tuple[list, object, tuple, tuple]:
+    """A call's arguments as the checks see them: the leaves, their structure, the key a layer's ranks are kept by
+    (the structure and which leaves are tensors: None for an optional tensor is another call than a tensor) and each
+    leaf's rank (None where it is not a tensor)."""
+    leaves, spec = tree_flatten((args, kwargs))
+    ranks = tuple(x.dim() if isinstance(x, torch.Tensor) else None for x in leaves)
+    return leaves, spec, (spec, tuple(rank is not None for rank in ranks)), ranks
+
+
+def _tensor_ranks(ranks: tuple) -> list[int]:
+    return [rank for rank in ranks if rank is not None]
+
+
+@dataclass
+class _Seen:
+    """What a pack's check showed a per-seed layer for one kind of call (see _arguments): the ranks of its
+    arguments alone, and those it got in the pack (added by the check's own run of the pack while `open`)."""
+
+    alone: tuple
+    pack: set[tuple] = field(default_factory=set)
+    open: bool = True
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """What tells a pack's calls apart for the check: its inputs' structure and their ranks (a call of tensors
+    alone, as the files make, cheaply: the pack's every call computes it)."""
+    if not kwargs and all(isinstance(x, torch.Tensor) for x in args):
+        return tuple(x.dim() for x in args)
+    _, spec, _, ranks = _arguments(args, kwargs)
+    return spec, ranks
+
+
+@torch.compiler.disable  # eagerly, once per signature, even where the call is inside a compiled update
+def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> dict[str, dict]:
+    """Before the pack's first call with inputs of these ranks computes: each seed's plain network runs alone on
+    its rows, which shows what every per-seed layer gets alone (_each_seed's shared and per-seed tensors), then the
+    pack runs on the same inputs, and each module's output must be, row by row, each seed's alone (to float
+    rounding), else the pack is refused in one line naming the first module that differs. Both run in eval mode,
+    without gradients, on copies of the tensors made distinct per seed (seeds initialised alike, a temperature of 1,
+    would hide a mix of seeds), so nothing of the pack's state changes. Returns what each per-seed layer got, by
+    its path: {key: _Seen}."""
     seeds, template, refuse = len(pack._seed_list), pack.__dict__["_seed_plain"], pack._seed_refuse
     leaves, spec = tree_flatten((args, kwargs))
     for x in leaves:
@@ -332,7 +388,7 @@ def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> None:
             refuse(f"the network ({type(template).__name__}): an input of shape {list(x.shape)} in a pack of {seeds} "
                    "seeds, whose inputs are one row per seed, [seeds, ...] (docs/packs.md)")
     shapes = {name: t.shape for name, t in chain(template.named_parameters(), template.named_buffers())}
-    layers = {name: m for name, m in pack.named_modules() if isinstance(m.__dict__.get("forward"), partial)}
+    layers = pack._seed_layers
     with torch.random.fork_rng(devices=[]), torch.no_grad(), _evaluating(pack), _evaluating(template):
         probe = {name: _distinct(t) for name, t in chain(pack.named_parameters(), pack.named_buffers())}
         alone = []
@@ -358,6 +414,10 @@ def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> None:
             "called more often than alone"
         if difference:
             refuse(f"{_named(pack, path)}: {difference} in a pack of {seeds} seeds; {_why(pack, path)}")
+    for layer in layers.values():
+        for seen in layer._seed_ranks.values():
+            seen.open = False  # what a later call with inputs of these ranks is checked against
+    return {path: layer._seed_ranks for path, layer in layers.items()}
 
 
 class _Outputs(list):
@@ -369,7 +429,8 @@ class _Outputs(list):
 @contextmanager
 def _recorded(network: nn.Module, layers: dict[str, nn.Module], refuse: Callable) -> Iterator[_Outputs]:
     """Hooks on every module of `network` recording its outputs; on those named in `layers` (the pack's per-seed
-    layers), the ranks of the tensors they get, set as those layers' _seed_ranks."""
+    layers), the ranks of the tensors they get alone, set as those layers' _seed_ranks ({key: _Seen}, the ranks in
+    the pack left for the pack's own run to fill in)."""
     outputs, handles = _Outputs(), []
     outputs.running = []
     ranks: dict[str, dict] = {name: {} for name in layers}
@@ -377,9 +438,8 @@ def _recorded(network: nn.Module, layers: dict[str, nn.Module], refuse: Callable
     def before(path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         outputs.running.append(path)
         if path in layers:
-            leaves, spec = tree_flatten((args, kwargs))
-            seen = [x.dim() if isinstance(x, torch.Tensor) else None for x in leaves]
-            if ranks[path].setdefault(spec, seen) != seen:
+            _, _, key, seen = _arguments(args, kwargs)
+            if ranks[path].setdefault(key, _Seen(seen)).alone != seen:
                 refuse(f"{path} ({type(module).__name__}): called twice with the same arguments of other ranks, so "
                        "which of its tensors are per seed cannot be told (docs/packs.md)")
 
@@ -497,7 +557,9 @@ def stacked(make: Callable[[], nn.Module], seeds: list[int], refuse: Callable[[s
     pack = _stacked_layer(pack, networks, "", refuse)
     pack.seed_shapes = plain
     pack.__dict__["_seed_plain"] = template  # not a submodule: no tensors of its own in the pack's state_dict
-    pack._seed_list, pack._seed_refuse, pack._seed_checked = list(seeds), refuse, False
+    pack._seed_list, pack._seed_refuse = list(seeds), refuse
+    pack._seed_layers = {name: m for name, m in pack.named_modules() if isinstance(m.__dict__.get("forward"), partial)}
+    pack._seed_known, pack._seed_signature, pack._seed_checking = {}, None, False  # checks by input ranks
     pack.register_forward_pre_hook(_first_call_hook, with_kwargs=True)
     return pack
 
@@ -591,14 +653,21 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float | torch.T
         return torch.zeros(()) if seeds == 1 else torch.zeros(seeds)
     if seeds == 1:
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        torch._foreach_mul_(grads, _clip_scale(max_norm, norm))
         return norm
     rows = [row for grad in grads for row in grad.unbind(0)]  # parameter by parameter
     norms = torch.stack(torch._foreach_norm(rows)).view(-1, seeds).T.contiguous()  # [seeds, parameters]
     norms = torch.linalg.vector_norm(norms, dim=1)
     if isinstance(max_norm, torch.Tensor):  # one per seed, [seeds, 1]: in the norms' dtype, as a number would be
         max_norm = max_norm.to(norms.device, norms.dtype).view(-1)
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    scale = _clip_scale(max_norm, norms)
     for grad in grads:
         grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
     return norms
+
+
+def _clip_scale(max_norm: float | torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """min(1, max_norm / (norm + 1e-6)), rounded alike for a number and a tensor of max norms: torch computes a
+    number over a tensor as the tensor's reciprocal times the number, and a true division of two tensors differs
+    from that in the last bit about a quarter of the time."""
+    return ((norm + 1e-6).reciprocal() * max_norm).clamp(max=1.0)

@@ -322,6 +322,22 @@ def test_seed_adam_calls_the_closure_and_returns_its_loss():
     assert optimizer.step(closure).item() == 6.0 and (pack < 1).all()
 
 
+def test_each_members_own_max_norm_clips_as_the_number_alone():
+    """A pack's max norms [0.3, 10] ([members, 1], float64, as a packed sweep gives them) clip member 0's gradient
+    as clip_grad_norm with the number 0.3 clips it alone, bit for bit, over 200 random gradients (seed 0). Fails if
+    the pack divides by the norms where a number over a tensor is the tensor's reciprocal times the number (about a
+    quarter of them differ in the last bit; a power of two such as 0.5 hides it)."""
+    torch.manual_seed(0)
+    max_norms = torch.tensor([[0.3], [10.0]], dtype=torch.float64)
+    for _ in range(200):
+        grad = torch.randn(2, 40)
+        pack, alone = nn.Parameter(torch.zeros(2, 40)), nn.Parameter(torch.zeros(40))
+        pack.grad, alone.grad = grad.clone(), grad[0].clone()
+        clip_grad_norm([pack], max_norms, 2)
+        clip_grad_norm([alone], 0.3)
+        assert torch.equal(pack.grad[0], alone.grad)
+
+
 def test_clipping_without_gradients_gives_a_norm_of_zero():
     """As nn.utils.clip_grad_norm_: no parameter with a gradient is a norm of 0, not an error."""
     parameters = [nn.Parameter(torch.ones(2, 3))]
@@ -448,6 +464,22 @@ def test_evaluate_finds_the_packs_checkpoint_when_the_pack_was_killed_before_its
     record = dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))
     assert record["networks"] == "checkpoint.pt" and record["seed"] == 2 and record["global_step"] == 400
     assert record["returns"] == dqn.main(parse(dqn, ["--evaluate", "runs/pack__2"]))["returns"]
+
+
+def test_evaluate_finds_the_checkpoint_of_a_killed_pack_whose_seeds_are_not_consecutive(monkeypatch):
+    """--pack seed=1,3 run_name=a,b with --no-save-model, killed as its first summary.json is written: --evaluate
+    runs/b finds the checkpoint in a, whose list of the pack's directories holds b, and evaluates b's row. Fails if
+    the holder is looked for among the directories of the seeds just before b's (2 and 3)."""
+    def killed(value, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.run, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dqn.main(tiny_args(dqn, pack=("seed=1,3", "run_name=a,b"), save_model=False, checkpoint_frequency=200))
+    monkeypatch.setattr(harness.run, "write_json_atomic", write_json_atomic)
+    assert not Path("runs/b/checkpoint.pt").exists() and Path("runs/a/checkpoint.pt").exists()
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/b"]))
+    assert record["networks"] == "checkpoint.pt" and record["seed"] == 3 and record["global_step"] == 400
 
 
 def test_evaluate_of_a_renamed_copy_of_a_run_without_model_pt_reads_its_checkpoint():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_flatten
 
 from harness import PackError, SeedAdam, seed_state_dict, stacked
 from tests.algo_utils import load_algo, tiny_args
@@ -154,6 +155,80 @@ def test_a_layer_called_otherwise_than_at_the_first_call_is_refused():
     pack(randn(3, 5, 4))
     with pytest.raises(PackError, match=r"^norm \(LayerNorm\): called with other arguments than at the pack's first"):
         pack(randn(3, 1, 4))
+
+
+def assert_calls_as_alone(make, calls: list[list]) -> None:
+    """The pack of SEEDS called with each list of inputs in turn, and each seed's plain network with its rows: every
+    output equals the seed's alone, bit for bit, shape and all. An input may be a function of the previous call's
+    outputs (a state passed on), given the pack's or the seed's."""
+    pack, alone = stacked(make, SEEDS), [stacked(make, [seed]) for seed in SEEDS]
+    last, lone = None, [None] * len(SEEDS)
+    for inputs in calls:
+        last = pack(*[x(last) if callable(x) else x for x in inputs])
+        for i, network in enumerate(alone):
+            lone[i] = network(*[x(lone[i]) if callable(x) else x[i].clone() for x in inputs])
+            mine, theirs = tree_flatten(last)[0], tree_flatten(lone[i])[0]
+            assert len(mine) == len(theirs) and all(a.shape[1:] == b.shape and torch.equal(a[i], b)
+                                                    for a, b in zip(mine, theirs, strict=True)), i
+
+
+def test_a_later_call_with_inputs_of_other_ranks_is_checked_as_a_first_call():
+    """A LayerNorm then a Linear called on [seeds, batch, time, n], then on [seeds, batch, n]: at the second call the
+    LayerNorm gets each seed's rows, not every seed's rows as a tensor the seeds share, and each call equals each
+    seed's alone. Fails if the first call's ranks are kept for the second (a [3, 1, 3, 7, 2] output, seeds mixed)."""
+    assert_calls_as_alone(lambda: nn.Sequential(nn.LayerNorm(5), nn.Linear(5, 2)),
+                          [[randn(3, 4, 6, 5)], [randn(3, 7, 5)], [randn(3, 2, 6, 5)]])
+
+
+class Pooled(nn.Module):
+    """A LayerNorm of tokens [batch, length, 4], or with `pool` of their mean [batch, 4]: the same inputs give the
+    layer tensors of another rank at a later call."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.pool = nn.LayerNorm(4), False
+
+    def forward(self, x):
+        return self.norm(x.mean(-2) if self.pool else x)
+
+
+def test_a_layer_given_other_ranks_than_its_check_showed_is_refused():
+    """Pooled called on [seeds, batch, length, 4], then with `pool` set on inputs of the same ranks: the LayerNorm's
+    [seeds, batch, 4] could be each seed's rows or a tensor the seeds share; one line, not a guess. Fails if it runs
+    it as shared (every seed's layer on every seed's rows)."""
+    pack = stacked(Pooled, SEEDS)
+    pack(randn(3, 5, 6, 4))
+    pack.pool = True
+    with pytest.raises(PackError, match=r"^norm \(LayerNorm\): called with tensors of ranks \[3\] where the pack's "
+                                        r"first call with inputs of these ranks gave it \[4\]"):
+        pack(randn(3, 5, 6, 4))
+
+
+class Recurrent(nn.Module):
+    """A GRU cell over the steps of [batch, time, 4] from a state h, None at first (as a recurrent encoder loops):
+    the values of the last step and the state."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell, self.head = nn.GRUCell(4, 6), nn.Linear(6, 2)
+
+    def forward(self, x, h=None):
+        for t in range(x.shape[-2]):
+            h = self.cell(x[..., t, :], h)
+        return self.head(h), h
+
+
+def test_a_gru_cell_looped_from_no_state_trains_each_seed_as_alone():
+    """h = None, then h = cell(x_t, h) over 4 steps: each seed trains as alone, bit for bit. Fails if None and a
+    state look alike to the rank bookkeeping (refused: "called twice with the same arguments of other ranks")."""
+    assert_steps_as_alone(Recurrent, [randn(3, 5, 4, 4)])
+
+
+def test_a_state_passed_after_a_first_call_without_one_equals_alone():
+    """A first call from no state, then calls given the state it returned: each seed's outputs and state equal
+    alone. Fails if the state is taken as a tensor the seeds share (torch's own error on its shape)."""
+    state = lambda out: out[1]  # noqa: E731
+    assert_calls_as_alone(Recurrent, [[randn(3, 5, 1, 4)], [randn(3, 5, 2, 4), state], [randn(3, 5, 1, 4), state]])
 
 
 # ---- a module's own tensors ------------------------------------------------------------------------------------

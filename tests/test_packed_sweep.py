@@ -6,20 +6,24 @@ config.yaml and W&B name each member by its values; a packed sweep resumes bit f
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import run
+from harness.members import carried, members
 from tests.algo_utils import ROOT, load_algo, parse, tiny_args
 from tests.test_resume import CASES, assert_same, finished, outcome, start, wait_for
 from tests.test_resume import COMMON as RESUME_COMMON
 
-# Every packable setting of each file, at a value other than the file's default (the lone run's).
-DQN = dict(learning_rate=3e-4, adam_eps=1e-5, gamma=0.9, tau=0.5, start_e=0.8, end_e=0.1, exploration_fraction=0.3,
-           max_grad_norm=0.5, loss="mse")
+# Every packable setting of each file, at a value other than the file's default (the lone run's) and not a power of
+# two (0.5 rounds alike in formulas where 0.3 does not: a member's max_grad_norm of 0.5 hid a true division).
+DQN = dict(learning_rate=3e-4, adam_eps=1e-5, gamma=0.9, tau=0.3, start_e=0.8, end_e=0.1, exploration_fraction=0.3,
+           max_grad_norm=0.3, loss="mse")
 CHANGED = {
     "dqn": DQN,
     "nstep_dqn": DQN,
@@ -61,6 +65,26 @@ def test_a_member_of_a_packed_sweep_trains_exactly_as_the_same_run_alone(case):
         config = yaml.safe_load((directory / "config.yaml").read_text())
         assert {key: config[key] for key in values} == values and config["pack"] == []
     assert outcome(dirs[1])[2] != outcome(dirs[2])[2]  # the values, not only the seed, changed member 2's run
+
+
+@pytest.mark.usefixtures("main_in_tmp_path")
+@pytest.mark.parametrize("case, key", [(case, key) for case in CHANGED for key in CHANGED[case]],
+                         ids=lambda x: x)
+def test_each_packable_setting_of_a_member_trains_it_exactly_as_alone(case, key):
+    """A pack of two seed-1 members, the file's values and one setting changed to a value that is not a power of two:
+    the second member equals the same run alone, bit for bit, and differs from the first. Fails where the pack
+    computes a member's value otherwise than the lone run computes its number (max_grad_norm divided as a tensor)."""
+    value = CHANGED[case][key]
+    assert not isinstance(value, float) or math.frexp(value)[0] != 0.5, "a power of two rounds alike too often"
+    name = case.removesuffix("_lambda")
+    module = load_algo(name)
+    common = COMMON[name] | BASE.get(case, {})
+    default = getattr(tiny_args(module, **common), key)
+    module.main(tiny_args(module, pack=pack_flags([{key: default}, {key: value}]) + ("seed=1,1", "run_name=a,b"),
+                          **common))
+    module.main(tiny_args(module, run_name="alone", **(common | {key: value})))
+    assert_same(outcome(Path("runs/b")), outcome(Path("runs/alone")), episodes=2)
+    assert outcome(Path("runs/a"))[2] != outcome(Path("runs/b"))[2]
 
 
 def test_a_setting_that_changes_shapes_or_the_schedule_is_refused_in_one_line(tmp_path, monkeypatch):
@@ -113,6 +137,22 @@ def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_ot
     assert not run.packable_keys(ROOT / "algos" / "dqn.py") & {"batch_size", "buffer_size", "train_frequency"}
 
 
+def test_the_launcher_packs_runs_without_a_value_apart_from_runs_with_one(tmp_path):
+    """ddpg's --sweep td_lambda=null,0.9 --seeds 1 2 3 --num-seeds 2: packs of the null runs and packs of the 0.9
+    runs, each one ddpg.py takes (its members' arguments as the file reads them). Fails if the runs are packed in
+    order whatever their values (seed 3 at null with seed 1 at 0.9, which ddpg.py refuses)."""
+    args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "3", "--sweep", "td_lambda=null,0.9",
+                                           "--num-seeds", "2"])
+    jobs = run.jobs_for(args, {"env": "Pendulum-v1"}, "ddpg", "c__7", tmp_path,
+                        run.packable_keys(ROOT / "algos" / "ddpg.py"))
+    assert [[(m["td_lambda"], m["seed"]) for m in job.members] for job in jobs] == \
+        [[("null", 1), ("null", 2)], [("null", 3)], [("0.9", 1), ("0.9", 2)], [("0.9", 3)]]
+    ddpg = load_algo("ddpg")
+    for job in jobs:
+        script = parse(ddpg, job.argv)
+        carried(script, members(script), torch.device("cpu"))  # what the file refuses, it refuses here
+
+
 @pytest.mark.usefixtures("main_in_tmp_path")
 def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
     """A pack of alpha 0 and 0.6 (seed 1 each): each W&B run is named by its run directory, which names its alpha,
@@ -141,6 +181,19 @@ def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
     assert "| per_dqn | CartPole-v1 | 0.0 |" in table and "| per_dqn | CartPole-v1 | 0.6 |" in table, table
     record = module.main(parse(module, ["--evaluate", "runs/sweep__alpha=0.6__1"]))  # a member, as any run
     assert record["returns"] == json.loads(Path("runs/sweep__alpha=0.6__1/summary.json").read_text())["eval_returns"]
+
+
+@pytest.mark.usefixtures("main_in_tmp_path")
+def test_a_members_config_reruns_that_member_alone():
+    """per_dqn members alpha 0 and 0.6, both seed 1: --config with the second member's config.yaml (and another
+    --run-name) trains that run alone, bit for bit. Fails if config.yaml holds the pack's num_seeds (it trained a
+    pack of seeds 1 and 2 at alpha 0.6)."""
+    module = load_algo("per_dqn")
+    module.main(tiny_args(module, pack=("alpha=0,0.6", "seed=1,1", "run_name=a,b"), total_timesteps=600,
+                          save_model=True))
+    summary = module.main(parse(module, ["--config", "runs/b/config.yaml", "--run-name", "again"]))
+    assert summary["run_name"] == "again" and summary["num_seeds"] == 1
+    assert_same(outcome(Path("runs/b")), outcome(Path("runs/again")), episodes=2)
 
 
 @pytest.mark.slow
