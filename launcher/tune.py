@@ -104,8 +104,8 @@ def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dic
             value = spec.get(bound)
             if not isinstance(value, number) or isinstance(value, bool):
                 fail(f"{where}: {bound} must be a{'n int' if spec['type'] == 'int' else ' number'}, got {value!r}")
-        try:
-            _typed(spec["low"], hints[key])
+        try:  # a float's bounds as floats: an int setting cannot take them
+            _typed(float(spec["low"]) if spec["type"] == "float" else spec["low"], hints[key])
         except ValueError:
             fail(f"{where}: {key} is {_type_name(hints[key])}, so type: {spec['type']} cannot give it")
         if spec["low"] >= spec["high"]:
