@@ -3,6 +3,7 @@ seeds, a trial equal to its run alone, and a tune stopped by a signal and contin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -190,3 +191,30 @@ def test_a_tune_stopped_by_a_signal_and_continued_equals_one_never_stopped(tmp_p
     [alone_dir] = (tmp_path / "alone").glob("tiny__tune__*")
     assert study_trials(tune_dir) == study_trials(alone_dir)
     assert [state for _, state, _, _ in study_trials(tune_dir)] == ["COMPLETE"] * 4
+
+
+# ---------------------------------------------------------------- successive halving's rungs
+
+@pytest.mark.slow
+def test_a_pack_paused_at_a_rung_and_resumed_equals_the_pack_never_paused(tmp_path):
+    """Two trials (learning rates) on seed 1, one pack, 3000 steps: paused by --stop-step 1500 (a rung: evaluated,
+    checkpointed, summary.json interrupted with the rung's evaluation), then --resume'd; each member ends as the same
+    pack never paused, bit for bit (model.pt, final evaluation, metrics), its schedules the 3000 steps' throughout."""
+    script = ROOT / "algos" / "dqn.py"
+    argv = ["--config", str(write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY)), "--total-timesteps", "3000",
+            "--eval-frequency", "1500", "--pack", "learning_rate=1e-3,3e-4", "seed=1,1"]
+
+    def trained(*more: str) -> str:
+        done = subprocess.run([sys.executable, str(script), *more], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    trained(*argv, "--run-name", "alone__{learning_rate}")
+    assert "paused at step 1500 (--stop-step)" in trained(*argv, "--run-name", "rung__{learning_rate}",
+                                                         "--stop-step", "1500")
+    rung = json.loads((tmp_path / "runs" / "rung__3e-4" / "summary.json").read_text())
+    assert rung["global_step"] == 1500 and rung["interrupted"] and len(rung["eval_returns"]) == 2
+    trained("--resume", "runs/rung__1e-3")
+    for rate in ("1e-3", "3e-4"):
+        assert_same(outcome(tmp_path / "runs" / f"rung__{rate}"), outcome(tmp_path / "runs" / f"alone__{rate}"),
+                    episodes=2)
