@@ -52,6 +52,7 @@ class RunArgs:
     eval_frequency: int = 0  # environment steps between evaluations during training (0: only the final one)
     eval_episodes: int = 10  # episodes per evaluation
     stop_return: float | None = None  # stop once an evaluation's mean return reaches this (needs eval_frequency)
+    stop_step: int = 0  # pause at this step: evaluate, save a checkpoint to --resume (schedules keep total_timesteps)
 
     seed: int = 1  # seed of the run: networks, exploration, replay sampling and environments
     num_seeds: int = 1  # train seeds seed .. seed+num_seeds-1 in this process, each its own run (README: packs)
@@ -79,7 +80,7 @@ class RunArgs:
 
 # What --evaluate and --resume may be given besides the run directory.
 EVALUATE_FLAGS = ("--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track")
-RESUME_FLAGS = ("--total-timesteps", "--wandb-resume")
+RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step")
 
 
 def fail(message: str) -> NoReturn:
@@ -111,7 +112,8 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
                 saved, source = run_config(run_dir, algo), Path(run_dir) / "config.yaml"
             else:
                 saved, source = load_checkpoint(run_dir, algo)["args"], Path(run_dir) / "checkpoint.pt"
-            saved = {key: value for key, value in saved.items() if key not in ("evaluate", "resume")}
+            # a resumed run goes on to the end, or to the --stop-step given again
+            saved = {key: value for key, value in saved.items() if key not in ("evaluate", "resume", "stop_step")}
             return tyro.cli(args_class, default=instance(args_class, saved, str(source)), args=argv,
                             description=description)
     config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None

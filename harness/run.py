@@ -69,7 +69,7 @@ class Run:
         for name in ("total_timesteps", "num_envs", "num_seeds", "threads", "eval_episodes"):
             if getattr(args, name) < 1:
                 fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-        for name in ("eval_frequency", "checkpoint_frequency"):
+        for name in ("eval_frequency", "checkpoint_frequency", "stop_step"):
             if getattr(args, name) < 0:
                 fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
         args = replace(args, exp_name=args.exp_name or self.algo)
@@ -294,7 +294,8 @@ class Run:
         self.signal = self.signal or signal.Signals(signum).name
 
     def training(self, step: int) -> bool:
-        return step < self.args.total_timesteps and not (self.signal or self.reached or self.args.evaluate)
+        paused = 0 < self.args.stop_step <= step  # --stop-step: a rung of successive halving, say
+        return step < self.args.total_timesteps and not (self.signal or self.reached or paused or self.args.evaluate)
 
     def log(self, step: int, metrics: dict, seed: int | None = None) -> None:
         """A record for each seed: a list gives each seed its entry, a tensor each seed the mean of its rows (a
@@ -379,13 +380,16 @@ class Run:
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
         if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
             self.evaluate(step, video=args.capture_video)
-        if self.signal is not None or args.checkpoint_frequency:  # after the loop's own at this step, which a kill
-            self.checkpoint(obs, counts)  # during the final evaluation falls back to; this one holds its returns
+        paused = self.signal is None and not self.reached and step < args.total_timesteps  # at --stop-step
+        if self.signal is not None or paused or args.checkpoint_frequency:  # after the loop's own at this step, which
+            self.checkpoint(obs, counts)  # a kill during the final evaluation falls back to; this one holds its returns
         for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
         self.parts["env"].close()
         if self.signal is not None:
             print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
+        elif paused:
+            print(f"paused at step {step} (--stop-step), evaluated; continue: python {sys.argv[0]} --resume {self.dir}")
         self.bar.close()
         summaries = []
         for i, (seed, path) in enumerate(zip(self.seeds, self.dirs, strict=True)):
@@ -397,7 +401,8 @@ class Run:
             summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
                        "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
                        "eval_returns": returns, "global_step": step, "updates": counts[1],
-                       "interrupted": bool(self.signal), "train_sps": (step - self.start_step) / max(train_time, 1e-9),
+                       "interrupted": bool(self.signal) or paused,  # paused: evaluated, to be resumed
+                       "train_sps": (step - self.start_step) / max(train_time, 1e-9),
                        "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
                        "pack_dirs": [p.name for p in self.dirs]}
             write_json_atomic(summary, path / "summary.json")

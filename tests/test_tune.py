@@ -1,0 +1,220 @@
+"""run.py tune: the search space file and its one-line errors, trials x seeds as pack members, the objective over
+seeds, a trial equal to its run alone, and a tune stopped by a signal and continued equal to one never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import run
+from launcher import tune
+from tests.test_resume import assert_same, outcome
+
+ROOT = Path(run.__file__).resolve().parent
+TINY = {"algo": "dqn", "env": "CartPole-v1", "total_timesteps": 1500, "learning_starts": 500, "buffer_size": 2000,
+        "batch_size": 32, "train_frequency": 4, "gradient_steps": 1, "target_network_frequency": 100,
+        "eval_frequency": 0, "eval_episodes": 2, "threads": 1, "cuda": False}
+SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 3e-3, "log": True},
+         "gamma": {"type": "float", "low": 0.9, "high": 0.999},
+         "loss": {"type": "choice", "choices": ["mse", "huber"]}}
+
+
+def write_yaml(path: Path, values: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def tune_process(*args: str | Path, cwd: Path) -> subprocess.Popen:
+    """run.py tune as a user starts it (the environment, PYTHONPATH included, as the test's)."""
+    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), "tune", *map(str, args)], cwd=cwd,
+                            env={**os.environ, "WANDB_MODE": "offline"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finished(proc: subprocess.Popen, code: int = 0) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == code, out
+    return out
+
+
+def study_trials(tune_dir: Path) -> list[tuple[int, str, dict, float | None]]:
+    optuna = tune.optuna_module()
+    study = optuna.load_study(study_name=tune_dir.name, storage=f"sqlite:///{tune_dir / 'study.db'}")
+    return [(t.number, t.state.name, t.params, t.value) for t in study.get_trials()]
+
+
+# ---------------------------------------------------------------- the space file, packing, the objective
+
+def test_every_error_of_a_space_file_is_one_line_naming_the_file_the_key_and_what_is_wrong(tmp_path):
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY)
+    closest = "(closest: learning_rate, learning_starts)"
+    cases = [
+        ({"learning_rte": SPACE["learning_rate"]}, f"learning_rte: dqn.py has no such setting {closest}"),
+        ({"seed": {"type": "int", "low": 1, "high": 3}}, "seed: run.py tune sets seed itself"),
+        ({"gamma": {"type": "float", "low": 0.99, "high": 0.9}}, "gamma: low 0.99 must be below high 0.9"),
+        ({"gamma": {"type": "float", "low": 0.9, "high": 0.9}}, "gamma: low 0.9 must be below high 0.9"),
+        ({"learning_rate": {"type": "float", "low": 0, "high": 1e-3, "log": True}},
+         "learning_rate: log needs low > 0, got 0"),
+        ({"gamma": {"type": "floot", "low": 0.9, "high": 0.99}}, "gamma: give a mapping with type: float, int or"),
+        ({"gamma": 0.9}, "gamma: give a mapping with type"),
+        ({"gamma": {"type": "float", "low": "a", "high": 0.99}}, "gamma: low must be a number, got 'a'"),
+        ({"batch_size": {"type": "int", "low": 16.5, "high": 64}}, "batch_size: low must be an int, got 16.5"),
+        ({"batch_size": {"type": "float", "low": 16, "high": 64}},
+         "batch_size: batch_size is an int, so type: float cannot"),
+        ({"gamma": {"type": "float", "low": 0.9, "high": 0.99, "choices": [1]}}, "gamma: a float takes high, log"),
+        ({"loss": {"type": "choice", "choices": ["mse", "hubber"]}}, "loss: the choice 'hubber' is not one of 'mse'"),
+        ({"loss": {"type": "choice", "choices": "mse"}}, "loss: choices must be a list of values, got 'mse'"),
+        ({"batch_size": {"type": "int", "low": 16, "high": 64, "step": 0}},
+         "batch_size: step must be a positive int, got 0"),
+        ({}, "must map settings to what to try"),
+    ]
+    for space, message in cases:
+        path = write_yaml(tmp_path / "space.yaml", space)
+        with pytest.raises(SystemExit, match="^" + re.escape(f"error: space {path}: {message}")):
+            run.main(["tune", str(config), "--space", str(path), "--trials", "2", "--runs-dir", str(tmp_path / "runs")])
+    (tmp_path / "bad.yaml").write_text("gamma: [")
+    with pytest.raises(SystemExit, match=f"^error: space {tmp_path / 'bad.yaml'}: cannot read it: "):
+        run.main(["tune", str(config), "--space", str(tmp_path / "bad.yaml"), "--trials", "2"])
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "tune", str(config), "--space",
+                             str(tmp_path / "space.yaml"), "--trials", "2"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr == f"error: space {tmp_path / 'space.yaml'}: must map settings " \
+        "to what to try, e.g. learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
+
+
+def test_the_default_spaces_are_valid_and_a_sampler_is_found_by_name(tmp_path):
+    for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
+        script = ROOT / "algos" / f"{algo}.py"
+        space = tune.space_from(ROOT / "configs" / algo / "spaces" / "default.yaml", tune.args_class(script), {})
+        assert set(space) <= run.packable_keys(script)  # the defaults pack: no setting splits the trials
+    assert type(tune.sampler_named("random", 1)).__name__ == "RandomSampler"
+    assert type(tune.sampler_named("TPESampler", 1)).__name__ == "TPESampler"
+    with pytest.raises(SystemExit, match="^error: --sampler tpee: Optuna has no such sampler"):
+        tune.sampler_named("tpee", 1)
+    with pytest.raises(SystemExit, match="^error: --sampler GridSampler: it needs more than a seed"):
+        tune.sampler_named("GridSampler", 1)
+
+
+def test_a_tune_without_optuna_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY)
+    with pytest.raises(SystemExit, match=r'^error: run.py tune needs Optuna: pip install -e "\.\[tune\]"'):
+        run.main(["tune", str(config), "--trials", "2", "--runs-dir", str(tmp_path / "runs")])
+
+
+def test_the_objective_rewards_settings_that_hold_on_every_seed():
+    steady, lucky = [480.0, 470.0, 490.0], [500.0, 500.0, 460.0]
+    assert tune.objective(steady, "mean") < tune.objective(lucky, "mean")  # the mean prefers one lucky seed ...
+    for how in ("mean-std", "min"):  # ... these do not
+        assert tune.objective(steady, how) > tune.objective(lucky, how)
+    assert tune.objective(steady, "mean-std") == pytest.approx(480 - 10) and tune.objective(steady, "min") == 470
+
+
+def test_trials_x_seeds_are_packed_by_their_settings_that_cannot_be_packed(tmp_path):
+    """Trials 0-2 on seeds 1 2 in packs of at most 4: trials 0 and 2 share batch_size (not packable), so their runs
+    share packs; trial 1's are a pack of their own. Each member's values go through --pack where the members differ,
+    as flags where they agree, and each run's directory names its trial and seed."""
+    trials = [(0, {"learning_rate": 1e-3, "batch_size": 32}), (1, {"learning_rate": 3e-4, "batch_size": 64}),
+              (2, {"learning_rate": 0.1 + 0.2, "batch_size": 32})]
+    packs = tune.trial_packs(trials, [1, 2], 4, {"learning_rate"})
+    assert [[(m["trial"], m["seed"]) for m in pack] for pack in packs] == [[(0, 1), (0, 2), (2, 1), (2, 2)],
+                                                                          [(1, 1), (1, 2)]]
+    jobs = run.trial_jobs(packs, "CartPole-v1", "dqn", "t__1", tmp_path, ["--env", "CartPole-v1"])
+    names = [f"CartPole-v1__dqn__trial={t}__{s}__t__1" for t, s in ((0, 1), (0, 2), (2, 1), (2, 2))]
+    assert jobs[0].names == names
+    assert jobs[0].argv == ["--pack", "seed=1,2,1,2", "learning_rate=0.001,0.001,0.30000000000000004,"
+                            "0.30000000000000004", f"run_name={','.join(names)}", "--env", "CartPole-v1",
+                            "--batch-size", "32"]
+    assert jobs[1].argv[-4:] == ["--learning-rate", "0.0003", "--batch-size", "64"]
+    one = run.trial_jobs(tune.trial_packs(trials[:1], [5], 4, set()), "CartPole-v1", "dqn", "t__1", tmp_path, [])
+    assert one[0].argv == ["--seed", "5", "--learning-rate", "0.001", "--batch-size", "32", "--run-name",
+                           "CartPole-v1__dqn__trial=0__5__t__1"]
+
+
+# ---------------------------------------------------------------- tunes of the real script
+
+@pytest.mark.slow
+def test_a_trial_equals_its_run_alone_and_the_best_config_reruns_it(tmp_path):
+    """Two trials x seeds 1 2 in one pack of 4 (the trials differ in packable settings): the best trial's seed-2 member
+    ends as `python algos/dqn.py --config best.yaml --seed 2` alone, bit for bit (model.pt, evaluation, metrics)."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    out = finished(tune_process(config, "--space", space, "--trials", "2", "--seeds", "1", "2", "--num-seeds", "4",
+                                "--sampler", "random", cwd=tmp_path))
+    assert "round of trials 0-1: 4 run(s) in 1 process(es)" in out, out
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    trials = study_trials(tune_dir)
+    assert [state for _, state, _, _ in trials] == ["COMPLETE"] * 2 and trials[0][2] != trials[1][2]
+    best = max(trials, key=lambda t: t[3])
+    assert yaml.safe_load((tune_dir / "best.yaml").read_text()) == TINY | best[2]
+    subprocess.run([sys.executable, str(ROOT / "algos" / "dqn.py"), "--config", str(tune_dir / "best.yaml"), "--seed",
+                    "2", "--run-name", "alone"], cwd=tmp_path, check=True, capture_output=True)
+    [member] = (tmp_path / "runs").glob(f"CartPole-v1__dqn__trial={best[0]}__2__*")
+    assert_same(outcome(member), outcome(tmp_path / "runs" / "alone"), episodes=2)
+    assert (tune_dir / "trials.png").is_file()
+    assert f"| {best[0]} | {best[3]:.1f} |" in (tune_dir / "trials.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_tune_stopped_by_a_signal_and_continued_equals_one_never_stopped(tmp_path):
+    """4 trials in rounds of 2 (TPE), seeds 1 2, packs of 4, each run 3000 steps: one tune left alone; one stopped by
+    SIGTERM in its second round's training and continued with --resume, its stopped pack from its checkpoint. Both end
+    with the same trials (settings) and the same values."""
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 3000})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [config, "--space", space, "--trials", "4", "--seeds", "1", "2", "--num-seeds", "4", "--round", "2"]
+    alone = tune_process(*argv, "--runs-dir", tmp_path / "alone", cwd=tmp_path)
+    stopped = tune_process(*argv, "--runs-dir", tmp_path / "stopped", cwd=tmp_path)
+    deadline = time.time() + 300
+    while not any((run.last_global_step(path) or 0) >= 1000
+                  for path in (tmp_path / "stopped").glob("*__trial=2__1__*/metrics.jsonl")):
+        assert stopped.poll() is None and time.time() < deadline, "the second round never trained"
+        time.sleep(0.1)
+    stopped.send_signal(signal.SIGTERM)
+    out = finished(stopped, 130)
+    [tune_dir] = (tmp_path / "stopped").glob("tiny__tune__*")
+    assert f"continue: python run.py tune --resume {tune_dir}" in out
+    assert [state for _, state, _, _ in study_trials(tune_dir)] == ["COMPLETE"] * 2 + ["RUNNING"] * 2
+    again = finished(tune_process("--resume", tune_dir, cwd=tmp_path))
+    assert "resume [1/1]" in again, again  # the stopped pack went on from its checkpoint
+    finished(alone)
+    [alone_dir] = (tmp_path / "alone").glob("tiny__tune__*")
+    assert study_trials(tune_dir) == study_trials(alone_dir)
+    assert [state for _, state, _, _ in study_trials(tune_dir)] == ["COMPLETE"] * 4
+
+
+# ---------------------------------------------------------------- successive halving's rungs
+
+@pytest.mark.slow
+def test_a_pack_paused_at_a_rung_and_resumed_equals_the_pack_never_paused(tmp_path):
+    """Two trials (learning rates) on seed 1, one pack, 3000 steps: paused by --stop-step 1500 (a rung: evaluated,
+    checkpointed, summary.json interrupted with the rung's evaluation), then --resume'd; each member ends as the same
+    pack never paused, bit for bit (model.pt, final evaluation, metrics), its schedules the 3000 steps' throughout."""
+    script = ROOT / "algos" / "dqn.py"
+    argv = ["--config", str(write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY)), "--total-timesteps", "3000",
+            "--eval-frequency", "1500", "--pack", "learning_rate=1e-3,3e-4", "seed=1,1"]
+
+    def trained(*more: str) -> str:
+        done = subprocess.run([sys.executable, str(script), *more], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    trained(*argv, "--run-name", "alone__{learning_rate}")
+    assert "paused at step 1500 (--stop-step)" in trained(*argv, "--run-name", "rung__{learning_rate}",
+                                                         "--stop-step", "1500")
+    rung = json.loads((tmp_path / "runs" / "rung__3e-4" / "summary.json").read_text())
+    assert rung["global_step"] == 1500 and rung["interrupted"] and len(rung["eval_returns"]) == 2
+    trained("--resume", "runs/rung__1e-3")
+    for rate in ("1e-3", "3e-4"):
+        assert_same(outcome(tmp_path / "runs" / f"rung__{rate}"), outcome(tmp_path / "runs" / f"alone__{rate}"),
+                    episodes=2)
