@@ -8,7 +8,8 @@ benchmarks/results/<name>.json and <name>.png. Wall time is the run's own, evalu
 included: the `charts/wall_time_s` of the records every 1000 steps. Records written by code that did not log it
 take it from their process's `charts/SPS` (agent steps per second of training since that process started, so
 evaluations are left out there): `--segments STEP:WALL ...` gives each such process's first step and the run's
-wall time when it started (a resume prints both in its stop line).
+wall time when it started (a resume prints both in its stop line). The run's final evaluation (summary.json) and
+each `--evaluate` of it since (evaluations/*.json: other evaluation seeds) are copied in.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ def curve(run_dir: Path, segments: list[tuple[int, float]]) -> dict:
                  "episodic_return": r["charts/episodic_return"], "epsilon": r.get("charts/epsilon")}
                 for r in records if "charts/episodic_return" in r]
     losses = [{k.removeprefix("losses/"): v for k, v in r.items()} for r in records if "losses/td_loss" in r]
-    return {"last_step": records[-1]["global_step"] if records else 0, "last_wall_s": clock[-1][1] if clock else None,
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    final = {key: summary[key] for key in ("eval_return_mean", "eval_return_std", "eval_returns", "global_step",
+                                           "wall_time_s", "interrupted") if key in summary}
+    again = [{key: e[key] for key in ("seed", "eval_episodes", "eval_epsilon", "returns", "mean", "std")}
+             for e in (json.loads(p.read_text()) for p in sorted((run_dir / "evaluations").glob("*.json")))]
+    return {"final_evaluation": final, "evaluated_again": again,
+            "last_step": records[-1]["global_step"] if records else 0, "last_wall_s": clock[-1][1] if clock else None,
             "evaluations": evaluations, "training_episodes": episodes, "losses_every_100_updates": losses[::10]}
 
 
