@@ -24,9 +24,9 @@ from envs import TransitionRecorder, is_atari
 from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf
 
 # Atari ids without --config: the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py runs it, with the
-# Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05.
+# Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05; 8 envs on 2 threads.
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
-                    exploration_fraction=0.1, anneal_lr=False,
+                    exploration_fraction=0.1, anneal_lr=False, num_envs=8, threads=2,
                     total_timesteps=10_000_000, buffer_size=1_000_000, learning_starts=80_000, train_frequency=4,
                     end_e=0.01, loss="huber", eval_epsilon=0.05, eval_frequency=250_000, checkpoint_frequency=500_000)
 

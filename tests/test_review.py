@@ -82,6 +82,8 @@ def test_the_atari_preset_trains_a_few_hundred_steps_on_the_cpu(tmp_path, monkey
                             "--checkpoint-frequency", "0", "--no-cuda", "--run-name", "pong"])
     assert "Atari preset" in capsys.readouterr().out
     summary = algo.main(args)
-    train_frequency = algo.ATARI_PRESET["train_frequency"]
-    assert summary["updates"] == (300 - 200) // train_frequency * algo.ATARI_PRESET["gradient_steps"] > 0
+    envs, train_frequency = algo.ATARI_PRESET["num_envs"], algo.ATARI_PRESET["train_frequency"]
+    rounds = sum(s // train_frequency - (s - envs) // train_frequency  # each loop step: envs agent steps
+                 for s in range(envs, summary["global_step"] + 1, envs) if s > 200)
+    assert summary["updates"] == rounds * algo.ATARI_PRESET["gradient_steps"] > 0
     assert summary["eval_episodes"] == 1
