@@ -1,1 +1,34 @@
-"""The launcher's parts (run.py is its command line): tuning with Optuna over packs of trials (tune)."""
+"""The launcher's parts (run.py is its command line), one module each:
+
+    jobs      a job, where jobs run (local processes, Ray tasks), the loop over them, its progress and its report
+    sweeps    a launch: a config's script, --set and --sweep, seeds x envs x swept values as jobs, packing
+    resume    continuing a launch's unfinished jobs
+    evaluate  evaluating trained runs again (the scripts' --evaluate), as a table
+    results   a run's summary and metrics, learning curves, the results table and its metrics (the peers')
+    tune      tuning with Optuna over packs of trials
+
+and here, what they all use: the repository's root, the one-line error, the flushed line, a YAML value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: algos/, configs/
+
+def fail(message: str) -> NoReturn:
+    raise SystemExit(f"error: {message}")
+
+
+def say(text: str) -> None:
+    print(text, flush=True)  # flushed so CI logs show progress as it happens
+
+
+def yaml_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text

@@ -1,5 +1,6 @@
-"""Tuning with Optuna: a search space file, trials asked in rounds, each trial's seeds as members of packs, the
-objective over a trial's seeds, and the results (a table, a figure, the best settings as a config).
+"""Tuning with Optuna (run.py tune): a search space file, trials asked in rounds, each trial's seeds as members of
+packs run as the launcher runs jobs, the objective over a trial's seeds, and the results (a table, a figure, the best
+settings as a config).
 
 A space file maps an algorithm file's settings to what Optuna may propose for them:
 
@@ -15,17 +16,26 @@ tune stopped and continued asks exactly what the same tune never stopped asks.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import importlib.util
+import json
+import shutil
 import signal
 import statistics
 import sys
+import time
 import typing
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
+
+from launcher import ROOT, fail, say, sweeps, yaml_value
+from launcher.jobs import Job, LocalJobs, RayJobs, run_jobs
+from launcher.results import finished, summary_in
+from launcher.sweeps import LAUNCHER_KEYS, config_and_script, flags_from, overrides_from, packable_keys
 
 TYPES = {"float": {"low", "high", "log", "step"}, "int": {"low", "high", "log", "step"}, "choice": {"choices"}}
 OBJECTIVES = {  # a trial's value from its seeds' final evaluation returns; the first two reward settings that hold
@@ -35,10 +45,6 @@ OBJECTIVES = {  # a trial's value from its seeds' final evaluation returns; the 
 }
 SHORT_NAMES = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "gp": "GPSampler",
                "qmc": "QMCSampler", "nsgaii": "NSGAIISampler"}
-
-
-def fail(message: str) -> NoReturn:
-    raise SystemExit(f"error: {message}")
 
 
 def optuna_module():
@@ -257,3 +263,169 @@ def best_config(config_text: str, overrides: dict[str, Any], best, how: str, see
     header = (f"# The best trial of run.py tune {tune_id}: trial {best.number}, {OBJECTIVES[how]} {best.value:.1f}\n"
               f"# over seeds {' '.join(map(str, seeds))}, the seeds that chose these settings: try them on others\n")
     return header + yaml.safe_dump(values, sort_keys=False)
+
+
+# ---------------------------------------------------------------- the tune: rounds of trials as jobs
+
+def trial_jobs(packs: list[list[dict[str, Any]]], env: str, algo: str, tune_id: str, log_dir: Path,
+               common: list[str]) -> list[Job]:
+    """A job per pack of (trial, seed) runs (trial_packs): the settings its members differ in through the
+    script's --pack, those they share as flags; each run's directory <env>__<algo>__trial=<n>__<seed>__<tune id>."""
+    jobs = []
+    for members in packs:
+        names = [trial_run_name(env, algo, member["trial"], member["seed"], tune_id) for member in members]
+        shared, differ = pack_settings(members)
+        if len(members) == 1:
+            argv = ["--seed", str(members[0]["seed"]), *common, *flags_from(shared), "--run-name", names[0]]
+        else:
+            pack = [f"seed={','.join(str(member['seed']) for member in members)}",
+                    *(f"{key}={','.join(values)}" for key, values in differ.items())]
+            argv = ["--pack", *pack, f"run_name={','.join(names)}", *common, *flags_from(shared)]
+        jobs.append(Job(names[0], env, members[0]["seed"], argv, log_dir / f"{names[0]}.log",
+                        pack=names if len(names) > 1 else [],
+                        members=[{"seed": member["seed"], "trial": member["trial"]} for member in members]))
+    return jobs
+
+
+def trial_run_name(env: str, algo: str, trial: int, seed: int, tune_id: str) -> str:
+    return f"{env.replace('/', '-')}__{algo}__trial={trial}__{seed}__{tune_id}"
+
+
+def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """A new tune's record (tune.json) and directory runs/<config stem>__tune__<unix time>, after every check."""
+    if args.config is None:
+        fail("run.py tune needs a config (or --resume runs/<tune id> to continue a tune)")
+    config, script = config_and_script(args.config)
+    overrides = overrides_from(args.set)
+    space = args.space or ROOT / "configs" / script.stem / "spaces" / "default.yaml"
+    space_from(space, args_class(script), LAUNCHER_KEYS)
+    sampler_named(args.sampler, 0)
+    if args.trials is None or args.trials < 1:
+        fail(f"--trials must be >= 1, got {args.trials}")
+    for name in ("num_seeds", "jobs", "round"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if "num_seeds" in config:
+        fail(f"config {args.config} sets num_seeds, which run.py sets itself; use --num-seeds")
+    if {**config, **overrides}.get("stop_return") is not None:
+        fail("stop_return stops a run early, so its final evaluation would not be the trial's: drop it")
+    runs_dir = Path(args.runs_dir).resolve()
+    stamp = int(time.time())
+    while (runs_dir / f"{args.config.stem}__tune__{stamp}").exists():
+        stamp += 1
+    tune_id = f"{args.config.stem}__tune__{stamp}"
+    (runs_dir / tune_id / "logs").mkdir(parents=True)
+    seeds = list(dict.fromkeys(args.seeds))
+    record = {"tune_id": tune_id, "algo": script.stem, "env": str(config.get("env") or "default"),
+              "config": str(args.config.resolve()), "config_text": args.config.read_text(),
+              "space": str(Path(space).resolve()), "space_text": Path(space).read_text(), "set": overrides,
+              "seeds": seeds, "num_seeds": args.num_seeds, "objective": args.objective, "sampler": args.sampler,
+              "sampler_seed": args.sampler_seed, "trials": args.trials,
+              "round": args.round or (args.jobs or 1) * max(1, args.num_seeds // len(seeds))}
+    (runs_dir / tune_id / "tune.json").write_text(json.dumps(record, indent=1))
+    (runs_dir / tune_id / Path(record["config"]).name).write_text(record["config_text"])
+    (runs_dir / tune_id / "space.yaml").write_text(record["space_text"])
+    return record, runs_dir / tune_id
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """`run.py tune`: trials asked in rounds (Optuna's ask and tell, the study in <tune dir>/study.db), each round's
+    trials x seeds trained as packs of jobs, each trial told its objective; then the table, the figure and the best
+    settings as a config. The exit code: 130 if stopped (`--resume` continues), else 0."""
+    optuna = optuna_module()
+    if args.resume is not None:
+        if args.config is not None:
+            fail("--resume continues a tune with its own config; give one or the other")
+        tune_dir = args.resume.resolve()
+        try:
+            record = json.loads((tune_dir / "tune.json").read_text())
+        except (OSError, ValueError) as e:
+            fail(f"{tune_dir} has no readable tune.json ({e}); give runs/<tune id> as a tune wrote it")
+        record["trials"] = args.trials or record["trials"]
+        (tune_dir / "tune.json").write_text(json.dumps(record, indent=1))
+    else:
+        record, tune_dir = new_tune(args)
+    script, runs_dir, tune_id = sweeps.ALGOS / f"{record['algo']}.py", tune_dir.parent, record["tune_id"]
+    space = space_from(tune_dir / "space.yaml", args_class(script), LAUNCHER_KEYS)
+    config = tune_dir / Path(record["config"]).name
+    settings = (yaml.safe_load(record["config_text"]) or {}) | {k: yaml_value(v) for k, v in record["set"].items()}
+    backend = RayJobs(args.ray, script, config, settings, runs_dir) if args.ray else LocalJobs(script, config, runs_dir)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tune_dir / 'study.db'}")  # one object: one view of the trials
+    how, seeds = record["objective"], record["seeds"]
+    study = optuna.create_study(study_name=tune_id, storage=storage, direction="maximize", load_if_exists=True)
+    common = [*(["--env", record["env"]] if record["env"] != "default" else []), *flags_from(record["set"])]
+    say(f"tune {tune_id}: {record['trials']} trials of {script.name} x seeds {' '.join(map(str, seeds))}, "
+        f"{record['round']} trials a round, objective: {OBJECTIVES[how]}; record in {tune_dir / 'tune.json'}")
+
+    def returns_of(trial) -> list[float] | None:
+        names = [trial_run_name(record["env"], record["algo"], trial.number, seed, tune_id) for seed in seeds]
+        if not all(finished(runs_dir / name) for name in names):
+            return None
+        return [summary_in(runs_dir / name)["eval_return_mean"] for name in names]
+
+    try:
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+            if running:  # a round that was stopped: its trials as they were asked, its runs where they stopped
+                first = running[0].user_attrs["round"]
+            elif len(trials) >= record["trials"]:
+                break
+            else:
+                first = len(trials)
+                sampler = sampler_named(record["sampler"], round_seed(record["sampler_seed"], first))
+                asking = optuna.load_study(study_name=tune_id, storage=storage, sampler=sampler)
+                with signals_held():
+                    for _ in range(min(record["round"], record["trials"] - first)):
+                        asking.ask(distributions(space)).set_user_attr("round", first)
+            trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("round") == first]
+            packs = trial_packs([(t.number, t.params) for t in trials], seeds, record["num_seeds"],
+                                     packable_keys(script))
+            jobs = []
+            for job in trial_jobs(packs, record["env"], record["algo"], tune_id, tune_dir / "logs", common):
+                if all(finished(runs_dir / name) for name in job.names):
+                    continue
+                if (runs_dir / job.run_name / "checkpoint.pt").is_file():
+                    job.argv = ["--resume", f"runs/{job.run_name}"]
+                for name in job.names if not job.resumes else []:  # the scripts refuse an existing run directory
+                    shutil.rmtree(runs_dir / name, ignore_errors=True)
+                jobs.append(job)
+            say(f"round of trials {trials[0].number}-{trials[-1].number}: {sum(len(j.names) for j in jobs)} run(s) "
+                f"in {len(jobs)} process(es)")
+            run_jobs(jobs, backend, args.jobs or (len(jobs) if args.ray else 1), runs_dir)
+            stopped = any(job.status in ("stopped", "not started") for job in jobs)
+            for trial in trials:
+                returns = returns_of(trial)
+                if trial.state != optuna.trial.TrialState.RUNNING or returns is None and stopped:
+                    continue
+                with signals_held():
+                    if returns is None:
+                        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                    else:
+                        study.tell(trial.number, objective(returns, how))
+                values = " ".join(f"{key}={text(value)}" for key, value in trial.params.items())
+                result = "failed" if returns is None else \
+                    f"{objective(returns, how):.1f} ({' '.join(f'{r:.1f}' for r in returns)})"
+                say(f"trial {trial.number}: {result} | {values}")
+            if stopped:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        say(f"stopped; continue: python run.py tune --resume {tune_dir}")
+        return 130
+    finally:
+        backend.close()
+    trials = study.get_trials(deepcopy=False)
+    returns = {t.number: r for t in trials if (r := returns_of(t)) is not None}
+    table = trials_table(trials, returns, how)
+    (tune_dir / "trials.md").write_text(table + "\n")
+    trials_figure(trials, returns, how, space).savefig(tune_dir / "trials.png", dpi=120)
+    say("\n" + table)
+    if not returns:
+        say("no trial finished")
+        return 1
+    best = study.best_trial
+    overrides = {k: yaml_value(v) for k, v in record["set"].items()}
+    (tune_dir / "best.yaml").write_text(best_config(record["config_text"], overrides, best, how, seeds, tune_id))
+    say(f"\nbest: trial {best.number}, {best.value:.1f}; table {tune_dir / 'trials.md'}, figure "
+        f"{tune_dir / 'trials.png'}\nits settings: python algos/{record['algo']}.py --config {tune_dir / 'best.yaml'}")
+    return 0

@@ -16,6 +16,9 @@ import yaml
 
 import run
 from harness.members import carried, members
+from launcher.results import results_table
+from launcher.resume import resumed_jobs
+from launcher.sweeps import jobs_for, packable_keys
 from tests.algo_utils import ROOT, load_algo, parse, tiny_args
 from tests.test_resume import CASES, assert_same, finished, outcome, start, wait_for
 from tests.test_resume import COMMON as RESUME_COMMON
@@ -118,8 +121,8 @@ def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_ot
     each run with its own seed and alpha and the run directory it would have alone; a resumed launch keeps them."""
     args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "--sweep", "alpha=0,0.6", "--sweep",
                                            "batch_size=32,64", "--num-seeds", "3"])
-    jobs = run.jobs_for(args, {"env": "CartPole-v1"}, "per_dqn", "c__7", tmp_path,
-                        run.packable_keys(ROOT / "algos" / "per_dqn.py"))
+    jobs = jobs_for(args, {"env": "CartPole-v1"}, "per_dqn", "c__7", tmp_path,
+                    packable_keys(ROOT / "algos" / "per_dqn.py"))
     assert [len(job.names) for job in jobs] == [3, 1, 3, 1] and [job.values for job in jobs] == \
         [{"batch_size": "32"}] * 2 + [{"batch_size": "64"}] * 2
     names = [f"CartPole-v1__per_dqn__alpha={a}__batch_size=32__{s}__c__7" for a, s in (("0", 1), ("0", 2), ("0.6", 1))]
@@ -132,9 +135,9 @@ def test_the_launcher_packs_a_sweep_of_packable_settings_and_splits_it_by_the_ot
     record = {"launch_id": "c__7", "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
                                             "values": job.values, "argv": job.argv, "pack": job.pack,
                                             "members": job.members} for job in jobs]}
-    assert [job.names for job in run.resumed_jobs(record, tmp_path / "runs")] == [job.names for job in jobs]
-    assert run.packable_keys(ROOT / "algos" / "dqn.py") >= {"learning_rate", "gamma", "tau", "max_grad_norm"}
-    assert not run.packable_keys(ROOT / "algos" / "dqn.py") & {"batch_size", "buffer_size", "train_frequency"}
+    assert [job.names for job in resumed_jobs(record, tmp_path / "runs")] == [job.names for job in jobs]
+    assert packable_keys(ROOT / "algos" / "dqn.py") >= {"learning_rate", "gamma", "tau", "max_grad_norm"}
+    assert not packable_keys(ROOT / "algos" / "dqn.py") & {"batch_size", "buffer_size", "train_frequency"}
 
 
 def test_the_launcher_packs_runs_without_a_value_apart_from_runs_with_one(tmp_path):
@@ -143,8 +146,8 @@ def test_the_launcher_packs_runs_without_a_value_apart_from_runs_with_one(tmp_pa
     order whatever their values (seed 3 at null with seed 1 at 0.9, which ddpg.py refuses)."""
     args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "3", "--sweep", "td_lambda=null,0.9",
                                            "--num-seeds", "2"])
-    jobs = run.jobs_for(args, {"env": "Pendulum-v1"}, "ddpg", "c__7", tmp_path,
-                        run.packable_keys(ROOT / "algos" / "ddpg.py"))
+    jobs = jobs_for(args, {"env": "Pendulum-v1"}, "ddpg", "c__7", tmp_path,
+                    packable_keys(ROOT / "algos" / "ddpg.py"))
     assert [[(m["td_lambda"], m["seed"]) for m in job.members] for job in jobs] == \
         [[("null", 1), ("null", 2)], [("null", 3)], [("0.9", 1), ("0.9", 2)], [("0.9", 3)]]
     ddpg = load_algo("ddpg")
@@ -177,7 +180,7 @@ def test_wandb_and_the_table_name_each_member_by_its_values(monkeypatch):
                           track=True))
     assert [(kw["name"], kw["config"]["alpha"], kw["config"]["seed"]) for kw in started] == \
         [("sweep__alpha=0__1", 0.0, 1), ("sweep__alpha=0.6__1", 0.6, 1)]
-    table = run.results_table([Path("runs")], by="alpha")
+    table = results_table([Path("runs")], by="alpha")
     assert "| per_dqn | CartPole-v1 | 0.0 |" in table and "| per_dqn | CartPole-v1 | 0.6 |" in table, table
     record = module.main(parse(module, ["--evaluate", "runs/sweep__alpha=0.6__1"]))  # a member, as any run
     assert record["returns"] == json.loads(Path("runs/sweep__alpha=0.6__1/summary.json").read_text())["eval_returns"]

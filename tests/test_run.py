@@ -17,6 +17,11 @@ import pytest
 import yaml
 
 import run
+from launcher import sweeps
+from launcher.jobs import Job, last_global_step, progress_of
+from launcher.results import curves_figure, mean_eval_return, results_table, summary_in
+from launcher.resume import resumed_jobs
+from launcher.sweeps import jobs_for, packs
 
 ROOT = Path(run.__file__).resolve().parent
 # Every cost-setting argument pinned: dqn.py's defaults are tuned for learning and change.
@@ -74,7 +79,7 @@ def stub(tmp_path, monkeypatch) -> Path:
     """A config of the stub algorithm, whose script run.py finds in tmp_path/algos."""
     (tmp_path / "algos").mkdir()
     (tmp_path / "algos" / "stub.py").write_text(STUB)
-    monkeypatch.setattr(run, "ALGOS", tmp_path / "algos")
+    monkeypatch.setattr(sweeps, "ALGOS", tmp_path / "algos")
     return write_config(tmp_path / "configs" / "tiny.yaml", {"algo": "stub", "env": "Stub-v0", "total_timesteps": 600})
 
 
@@ -154,13 +159,13 @@ def test_jobs_pass_seeds_envs_overrides_and_tracking(tmp_path):
     args = run.launch_parser().parse_args(
         ["c.yaml", "--seeds", "1", "2", "--env", "CartPole-v1", "ALE/Pong-v5", "--set", "learning_rate=1e-3",
          "cuda=false", "--set", "compile=true", "--track"])
-    jobs = run.jobs_for(args, TINY, "dqn", "c__123", tmp_path)
+    jobs = jobs_for(args, TINY, "dqn", "c__123", tmp_path)
     assert [job.run_name for job in jobs] == ["CartPole-v1__dqn__1__c__123", "CartPole-v1__dqn__2__c__123",
                                               "ALE-Pong-v5__dqn__1__c__123", "ALE-Pong-v5__dqn__2__c__123"]
     assert jobs[2].argv == ["--seed", "1", "--env", "ALE/Pong-v5", "--learning-rate", "1e-3", "--no-cuda",
                             "--compile", "--run-name", "ALE-Pong-v5__dqn__1__c__123", "--track", "--wandb-group",
                             "c__123"]
-    untracked = run.jobs_for(run.launch_parser().parse_args(["c.yaml"]), TINY, "dqn", "c__1", tmp_path)
+    untracked = jobs_for(run.launch_parser().parse_args(["c.yaml"]), TINY, "dqn", "c__1", tmp_path)
     assert len(untracked) == 1 and "--track" not in untracked[0].argv and "CartPole-v1" in untracked[0].argv
 
 
@@ -168,7 +173,7 @@ def test_a_sweep_runs_the_product_of_its_values_for_every_env_and_seed(tmp_path)
     args = run.launch_parser().parse_args(
         ["c.yaml", "--seeds", "1", "2", "--env", "CartPole-v1", "Acrobot-v1", "--sweep", "alpha=0.2,1e-3,0.2",
          "--sweep", "double-q=true,false", "--set", "gamma=0.9", "--sweep", "note=a b/c", "--track"])
-    jobs = run.jobs_for(args, TINY, "per_dqn", "c__9", tmp_path)
+    jobs = jobs_for(args, TINY, "per_dqn", "c__9", tmp_path)
     assert len(jobs) == 2 * 2 * 2 * 1 * 2  # envs x alpha (0.2 once) x double_q x note x seeds
     assert [job.run_name for job in jobs[:3]] == [
         "CartPole-v1__per_dqn__alpha=0.2__double_q=true__note=a-b-c__1__c__9",
@@ -188,7 +193,7 @@ def test_num_seeds_packs_consecutive_seeds_into_one_job(tmp_path):
     each with every seed's run directory; a resumed launch keeps the packs. Fails if seeds are packed across a
     gap, packs are longer than asked, or the script is not told how many seeds to train and how to name them."""
     args = run.launch_parser().parse_args(["c.yaml", "--seeds", "1", "2", "3", "4", "5", "7", "8", "--num-seeds", "2"])
-    jobs = run.jobs_for(args, TINY, "dqn", "c__5", tmp_path)
+    jobs = jobs_for(args, TINY, "dqn", "c__5", tmp_path)
     assert [job.names for job in jobs] == [[f"CartPole-v1__dqn__{s}__c__5" for s in seeds]
                                            for seeds in ([1, 2], [3, 4], [5], [7, 8])]
     assert [job.label for job in jobs] == ["CartPole-v1 seeds 1-2", "CartPole-v1 seeds 3-4", "CartPole-v1 seed 5",
@@ -196,7 +201,7 @@ def test_num_seeds_packs_consecutive_seeds_into_one_job(tmp_path):
     assert jobs[1].argv == ["--seed", "3", "--num-seeds", "2", "--env", "CartPole-v1", "--run-name",
                             "CartPole-v1__dqn__{seed}__c__5"]
     assert jobs[2].argv == ["--seed", "5", "--env", "CartPole-v1", "--run-name", "CartPole-v1__dqn__5__c__5"]
-    assert run.packs([3, 1, 2, 2, 4], 3) == [[3], [1, 2], [4]]
+    assert packs([3, 1, 2, 2, 4], 3) == [[3], [1, 2], [4]]
 
     runs = tmp_path / "runs"
     for name in jobs[0].names + jobs[1].names[:1]:  # seeds 1 and 2 finished; 3-4 stopped after a checkpoint
@@ -205,23 +210,23 @@ def test_num_seeds_packs_consecutive_seeds_into_one_job(tmp_path):
     (runs / jobs[1].run_name / "checkpoint.pt").write_text("{}")
     record = {"launch_id": "c__5", "jobs": [{"run_name": job.run_name, "env": job.env, "seed": job.seed,
                                             "values": {}, "argv": job.argv, "pack": job.pack} for job in jobs]}
-    resumed = run.resumed_jobs(record, runs)
+    resumed = resumed_jobs(record, runs)
     assert [job.names for job in resumed] == [job.names for job in jobs[1:]]
     assert resumed[0].argv == ["--resume", f"runs/{jobs[1].run_name}"] and not resumed[1].resumes
 
 
 def test_last_global_step_reads_a_file_still_being_written(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    assert run.last_global_step(metrics) is None
+    assert last_global_step(metrics) is None
     metrics.write_text("".join(json.dumps({"global_step": s, "x": "y" * 300}) + "\n" for s in range(0, 5000, 100))
                        + '{"global_step": 99')
-    assert run.last_global_step(metrics) == 4900
+    assert last_global_step(metrics) == 4900
     run_dir = tmp_path / "runs" / "r"  # the periodic status line reads the same file
     run_dir.mkdir(parents=True)
     metrics.rename(run_dir / "metrics.jsonl")
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"total_timesteps": 100_000}))
-    job = run.Job("r", "CartPole-v1", 3, [], tmp_path / "r.log")
-    assert run.progress_of(job, tmp_path / "runs") == "CartPole-v1 seed 3 4.9k/100k"
+    job = Job("r", "CartPole-v1", 3, [], tmp_path / "r.log")
+    assert progress_of(job, tmp_path / "runs") == "CartPole-v1 seed 3 4.9k/100k"
 
 
 # ---------------------------------------------------------------- launching
@@ -266,7 +271,7 @@ def test_ctrl_c_stops_the_jobs_and_reports(tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 90
-        while time.time() < deadline and not any(run.last_global_step(m) for m in runs_dir.glob("*/metrics.jsonl")):
+        while time.time() < deadline and not any(last_global_step(m) for m in runs_dir.glob("*/metrics.jsonl")):
             time.sleep(0.2)  # until the first job is training
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
@@ -314,7 +319,7 @@ def test_ray_ctrl_c_brings_each_run_back_with_its_summary(tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 180
-        while time.time() < deadline and sum(bool(run.last_global_step(m)) for m in Path(tempfile.gettempdir()).glob(
+        while time.time() < deadline and sum(bool(last_global_step(m)) for m in Path(tempfile.gettempdir()).glob(
                 f"run-py-*/runs/*__{stem}__*/metrics.jsonl")) < 2:
             time.sleep(0.5)  # until both jobs are training
         proc.send_signal(signal.SIGINT)
@@ -327,7 +332,7 @@ def test_ray_ctrl_c_brings_each_run_back_with_its_summary(tmp_path):
     for seed in (1, 2):
         [run_dir] = runs_dir.glob(f"CartPole-v1__dqn__{seed}__{stem}__*")
         assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True, output
-        assert run.last_global_step(run_dir / "metrics.jsonl") > 0
+        assert last_global_step(run_dir / "metrics.jsonl") > 0
         [log] = runs_dir.glob(f"{stem}__*/logs/{run_dir.name}.log")
         assert "stopped by SIGINT at step" in log.read_text()
 
@@ -352,7 +357,7 @@ def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_pa
     record = {"launch_id": "l__1", "jobs": [{"run_name": name, "env": "E", "seed": seed, "values": {"alpha": "0.2"},
                                              "argv": ["--seed", str(seed), "--run-name", name]}
                                             for seed, name in enumerate(states)]}
-    jobs = run.resumed_jobs(record, runs)
+    jobs = resumed_jobs(record, runs)
     assert {job.run_name: job.argv for job in jobs} == {
         "preempted": ["--resume", "runs/preempted"], "cut_short": ["--resume", "runs/cut_short"],
         "stopped": ["--resume", "runs/stopped"], "stopped_early": ["--seed", "4", "--run-name", "stopped_early"],
@@ -362,7 +367,7 @@ def test_resumed_jobs_continue_from_a_checkpoint_and_start_the_rest_again(tmp_pa
     assert jobs[0].log == runs / "l__1" / "logs" / "preempted.log" and jobs[0].values == {"alpha": "0.2"}
     assert jobs[0].script_args("c.yaml") == ["--resume", "runs/preempted"]
     assert jobs[3].script_args("c.yaml") == ["--config", "c.yaml", "--seed", "4", "--run-name", "stopped_early"]
-    longer = run.resumed_jobs(record, runs, total_timesteps=900)
+    longer = resumed_jobs(record, runs, total_timesteps=900)
     assert longer[0].argv == ["--resume", "runs/preempted", "--total-timesteps", "900"]
     assert longer[3].argv == ["--seed", "4", "--run-name", "stopped_early", "--total-timesteps", "900"]
 
@@ -403,7 +408,7 @@ def test_a_launch_records_its_jobs_and_resumes_the_unfinished_ones(stub, tmp_pat
         assert calls[i] == [["--config", config, *record["jobs"][i]["argv"], "--total-timesteps", "900"]]
     steps = [json.loads(line)["global_step"] for line in (run_dirs[1] / "metrics.jsonl").read_text().splitlines()]
     assert steps == [*range(100, 700, 100), *range(400, 1000, 100)]  # continued from its checkpoint's step
-    assert [run.summary_in(d)["global_step"] for d in run_dirs] == [600, 900, 900, 900]
+    assert [summary_in(d)["global_step"] for d in run_dirs] == [600, 900, 900, 900]
 
     assert run.main(["resume", str(launch_dir), *ray]) == 0
     assert "nothing to resume: all 4 run(s)" in capsys.readouterr().out
@@ -416,7 +421,7 @@ def test_plot_draws_one_line_per_algo_and_env_with_the_seed_mean(tmp_path):
     write_run(tmp_path / "a", "dqn", "CartPole-v1", 2, [(0, 0.0), (50, 10.0), (200, 40.0)])
     write_run(tmp_path / "b", "per_dqn", "CartPole-v1", 1, [(0, 1.0), (200, 3.0)])
     write_run(tmp_path / "b", "dqn", "Acrobot-v1", 1, [(0, -500.0), (100, -100.0)])
-    fig = run.curves_figure([tmp_path / "a", tmp_path / "b"], "eval/episodic_return")
+    fig = curves_figure([tmp_path / "a", tmp_path / "b"], "eval/episodic_return")
     lines = {(ax.get_title(), line.get_label()): line for ax in fig.axes for line in ax.get_lines()}
     assert set(lines) == {("CartPole-v1", "dqn (2 seeds)"), ("CartPole-v1", "per_dqn (1 seed)"),
                           ("Acrobot-v1", "dqn (1 seed)")}
@@ -436,9 +441,9 @@ def test_plot_draws_one_line_per_algo_and_env_with_the_seed_mean(tmp_path):
 def test_plot_and_table_say_when_there_is_nothing(tmp_path):
     write_run(tmp_path, "dqn", "CartPole-v1", 1, [(0, 1.0)])
     with pytest.raises(SystemExit, match="no run has charts/SPS"):
-        run.curves_figure([tmp_path], "charts/SPS")
+        curves_figure([tmp_path], "charts/SPS")
     with pytest.raises(SystemExit, match="no summary.json under"):
-        run.results_table([tmp_path])
+        results_table([tmp_path])
 
 
 def test_table_gives_mean_and_std_over_seeds(tmp_path, capsys):
@@ -473,7 +478,7 @@ def test_table_splits_by_a_config_key_with_the_area_under_the_evaluation_curve(t
                          "| per_dqn | CartPole-v1 | 0.2 | 2 | 25.0 ± 21.2 | 19.2 ± 15.3 | 1000 | 2min |",
                          "| per_dqn | CartPole-v1 | 2 | 1 | 7.0 ± 0.0 | - | 1000 | 60s |",  # 2 before 10: numbers
                          "| per_dqn | CartPole-v1 | 10 | 1 | 5.0 ± 0.0 | - | 1000 | 2.5h |"]
-    assert run.mean_eval_return(runs / "CartPole-v1__per_dqn__alpha=0.2__1__0") == pytest.approx(2500 / 300)
+    assert mean_eval_return(runs / "CartPole-v1__per_dqn__alpha=0.2__1__0") == pytest.approx(2500 / 300)
 
 
 def test_table_computes_the_metric_each_source_reports(tmp_path, capsys):
@@ -509,7 +514,7 @@ def test_plot_splits_by_a_config_key_and_smooths_each_run_before_averaging(tmp_p
     write_run(tmp_path, "per_dqn", "CartPole-v1", 2, [(0, 10.0), (150, 10.0), (300, 40.0)], config={"alpha": 2})
     write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 1.0), (300, 2.0)], config={"alpha": 10})
     write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 1.0), (300, 2.0)], config={"alpha": 0.5})
-    fig = run.curves_figure([tmp_path], "eval/episodic_return", smooth=2, by="alpha")
+    fig = curves_figure([tmp_path], "eval/episodic_return", smooth=2, by="alpha")
     [ax] = fig.axes
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["per_dqn alpha=0.5 (1 seed)", "per_dqn alpha=2 (2 seeds)",
@@ -526,7 +531,7 @@ def test_plot_falls_back_to_the_smoothed_training_return_when_evaluations_are_fe
     training = [(10 * (i + 1), float(i * i)) for i in range(10)]  # 0, 1, 4, 9, ... at steps 10..100
     write_run(tmp_path, "dqn", "CartPole-v1", 1, [(100, 500.0)], training=training)
     write_run(tmp_path, "dqn", "CartPole-v1", 2, [(0, 9.0), (50, 20.0), (100, 500.0)], training=training)
-    fig = run.curves_figure([tmp_path], smooth=3)
+    fig = curves_figure([tmp_path], smooth=3)
     assert "fewer than 3 evaluations in some runs: plotting charts/episodic_return smoothed over 3 episodes" in (
         capsys.readouterr().out)
     [ax] = fig.axes
@@ -535,14 +540,14 @@ def test_plot_falls_back_to_the_smoothed_training_return_when_evaluations_are_fe
     squares = [i * i for i in range(10)]
     assert list(line.get_ydata()) == pytest.approx(
         [sum(squares[max(0, i - 2):i + 1]) / len(squares[max(0, i - 2):i + 1]) for i in range(10)])
-    assert run.curves_figure([tmp_path]).axes[0].get_ylabel() == "charts/episodic_return (rolling mean of 20)"
-    asked = run.curves_figure([tmp_path], "eval/episodic_return").axes[0]  # asked for by name: no fallback
+    assert curves_figure([tmp_path]).axes[0].get_ylabel() == "charts/episodic_return (rolling mean of 20)"
+    asked = curves_figure([tmp_path], "eval/episodic_return").axes[0]  # asked for by name: no fallback
     assert asked.get_ylabel() == "eval/episodic_return" and list(asked.get_lines()[0].get_xdata()) == [100]
     (tmp_path / "CartPole-v1__dqn__1__0" / "metrics.jsonl").write_text(json.dumps({"global_step": 1,
                                                                                    "eval/episodic_return": 3}))
-    assert run.curves_figure([tmp_path]).axes[0].get_ylabel() == "eval/episodic_return"  # no training return there
+    assert curves_figure([tmp_path]).axes[0].get_ylabel() == "eval/episodic_return"  # no training return there
     write_run(tmp_path / "ok", "dqn", "CartPole-v1", 1, [(0, 1.0), (1, 2.0), (2, 3.0)], training=training)
-    assert run.curves_figure([tmp_path / "ok"]).axes[0].get_ylabel() == "eval/episodic_return"  # 3 evaluations
+    assert curves_figure([tmp_path / "ok"]).axes[0].get_ylabel() == "eval/episodic_return"  # 3 evaluations
 
 
 @pytest.mark.slow
@@ -559,8 +564,8 @@ def test_a_stopped_launch_of_the_real_scripts_resumes(tmp_path, num_seeds):
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 90
-        while time.time() < deadline and not any((run.last_global_step(m) or 0) >= 1000
-                                                 for m in runs_dir.glob("*/metrics.jsonl")):
+        while time.time() < deadline and not any((last_global_step(m) or 0) >= 1000
+                                             for m in runs_dir.glob("*/metrics.jsonl")):
             time.sleep(0.2)  # until the first job is well into training
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)

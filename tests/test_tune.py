@@ -17,6 +17,8 @@ import yaml
 
 import run
 from launcher import tune
+from launcher.jobs import last_global_step
+from launcher.sweeps import packable_keys
 from tests.test_resume import assert_same, outcome
 
 ROOT = Path(run.__file__).resolve().parent
@@ -97,7 +99,7 @@ def test_the_default_spaces_are_valid_and_a_sampler_is_found_by_name(tmp_path):
     for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
         script = ROOT / "algos" / f"{algo}.py"
         space = tune.space_from(ROOT / "configs" / algo / "spaces" / "default.yaml", tune.args_class(script), {})
-        assert set(space) <= run.packable_keys(script)  # the defaults pack: no setting splits the trials
+        assert set(space) <= packable_keys(script)  # the defaults pack: no setting splits the trials
     assert type(tune.sampler_named("random", 1)).__name__ == "RandomSampler"
     assert type(tune.sampler_named("TPESampler", 1)).__name__ == "TPESampler"
     with pytest.raises(SystemExit, match="^error: --sampler tpee: Optuna has no such sampler"):
@@ -130,14 +132,14 @@ def test_trials_x_seeds_are_packed_by_their_settings_that_cannot_be_packed(tmp_p
     packs = tune.trial_packs(trials, [1, 2], 4, {"learning_rate"})
     assert [[(m["trial"], m["seed"]) for m in pack] for pack in packs] == [[(0, 1), (0, 2), (2, 1), (2, 2)],
                                                                           [(1, 1), (1, 2)]]
-    jobs = run.trial_jobs(packs, "CartPole-v1", "dqn", "t__1", tmp_path, ["--env", "CartPole-v1"])
+    jobs = tune.trial_jobs(packs, "CartPole-v1", "dqn", "t__1", tmp_path, ["--env", "CartPole-v1"])
     names = [f"CartPole-v1__dqn__trial={t}__{s}__t__1" for t, s in ((0, 1), (0, 2), (2, 1), (2, 2))]
     assert jobs[0].names == names
     assert jobs[0].argv == ["--pack", "seed=1,2,1,2", "learning_rate=0.001,0.001,0.30000000000000004,"
                             "0.30000000000000004", f"run_name={','.join(names)}", "--env", "CartPole-v1",
                             "--batch-size", "32"]
     assert jobs[1].argv[-4:] == ["--learning-rate", "0.0003", "--batch-size", "64"]
-    one = run.trial_jobs(tune.trial_packs(trials[:1], [5], 4, set()), "CartPole-v1", "dqn", "t__1", tmp_path, [])
+    one = tune.trial_jobs(tune.trial_packs(trials[:1], [5], 4, set()), "CartPole-v1", "dqn", "t__1", tmp_path, [])
     assert one[0].argv == ["--seed", "5", "--learning-rate", "0.001", "--batch-size", "32", "--run-name",
                            "CartPole-v1__dqn__trial=0__5__t__1"]
 
@@ -176,7 +178,7 @@ def test_a_tune_stopped_by_a_signal_and_continued_equals_one_never_stopped(tmp_p
     alone = tune_process(*argv, "--runs-dir", tmp_path / "alone", cwd=tmp_path)
     stopped = tune_process(*argv, "--runs-dir", tmp_path / "stopped", cwd=tmp_path)
     deadline = time.time() + 300
-    while not any((run.last_global_step(path) or 0) >= 1000
+    while not any((last_global_step(path) or 0) >= 1000
                   for path in (tmp_path / "stopped").glob("*__trial=2__1__*/metrics.jsonl")):
         assert stopped.poll() is None and time.time() < deadline, "the second round never trained"
         time.sleep(0.1)
