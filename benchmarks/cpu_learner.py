@@ -44,8 +44,8 @@ from tensordict import from_module  # noqa: E402
 
 from buffers import NStepReturns, PrioritizedReplayBuffer  # noqa: E402
 from envs import TransitionRecorder, make_vector_env  # noqa: E402
+from harness.optim import adam  # noqa: E402
 from harness.precision import autocast, cpu_flags  # noqa: E402
-from harness.seeds import adam  # noqa: E402
 from tests.algo_utils import load_algo, parse  # noqa: E402
 
 VARIANTS = ("fp32", "channels_last", "bf16", "bf16_cl", "compile", "compile_bf16")

@@ -43,8 +43,9 @@ from .args import algo_of, fail, load_checkpoint
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .members import carried, each, members, packed, repacked
 from .members import names as member_names
+from .optim import adam
 from .precision import autocast, chosen_precision
-from .seeds import adam, seed_state_dict, stacked
+from .seeds import seed_state_dict, stacked
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs and exploration are seeded apart from training's: seed + 10000
 
@@ -161,7 +162,7 @@ class Run:
         return stacked(make, self.seeds, refuse=lambda message: fail(f"--num-seeds {seeds}: {message}"))
 
     def adam(self, parameters, **kwargs) -> torch.optim.Adam:
-        """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (seeds.SeedAdam),
+        """torch.optim.Adam(parameters, fused=True, **kwargs); a pack's steps each seed as alone (optim.SeedAdam),
         with one lr and eps or, given as [members, 1], each member's (a float32 lr tensor: a schedule writes it in
         place, optimizer.param_groups[0]["lr"][...] = value)."""
         return adam(parameters, len(self.seeds), **kwargs)

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import harness.products
 import harness.run
-import harness.seeds
 from harness import PackError, SeedAdam, SeedConv2d, SeedLinear, clip_grad_norm, seed_state_dict, stacked
 from harness.args import RunArgs, instance
 from harness.files import read_json, write_atomic, write_json_atomic
@@ -248,7 +248,7 @@ def test_a_seed_linear_is_exact_after_the_thread_count_changes(monkeypatch, batc
     """Products checked at 1 thread, then run at 4 (as two main() calls in one process with --threads 1 and 4):
     forward and backward of each row still equal nn.Linear's at 4 threads. Fails if the check of a shape is kept
     across thread counts (MKL's batched products with 17 inputs round otherwise at 4 threads)."""
-    monkeypatch.setattr(harness.seeds, "_BATCHED", {})
+    monkeypatch.setattr(harness.products, "_BATCHED", {})
     torch.manual_seed(0)
     layers = [nn.Linear(inputs, outputs) for _ in range(3)]
     pack = SeedLinear(layers)

@@ -20,7 +20,8 @@ import torch.nn as nn
 from tensordict import TensorDict, from_module
 
 from envs import env_seeds
-from harness.seeds import adam, stacked
+from harness.optim import adam
+from harness.seeds import stacked
 from tests.algo_utils import load_algo, tiny_args
 from tests.test_resume import assert_same, finished, outcome, start, wait_for
 
