@@ -87,7 +87,8 @@ def test_killed_or_stopped_runs_resume_bit_for_bit(tmp_path, algo):
     assert killed.returncode == -signal.SIGKILL
     # SIGTERM mid-training, between checkpoints: the run writes one at the current step and says how to resume.
     def past_the_first_checkpoint() -> bool:  # a gradient step after step 1000, so the stop falls between checkpoints
-        lines = (runs / "stopped" / "metrics.jsonl").read_text().splitlines()
+        metrics = runs / "stopped" / "metrics.jsonl"  # not there until the process has started its run
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
         return any("losses/" in line and json.loads(line)["global_step"] > 1000 for line in lines)
 
     wait_for(past_the_first_checkpoint, stopped, "a gradient step after the first checkpoint")
