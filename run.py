@@ -90,6 +90,10 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-seed", type=int, default=0, help="the sampler's seed (default: 0)")
     p.add_argument("--round", type=int, metavar="N", help="trials asked and trained together (default: --jobs x the "
                    "trials a pack holds)")
+    p.add_argument("--rungs", type=int, default=1, metavar="K", help="successive halving: K rungs, the last at the "
+                   "full budget, each the previous one's budget times --eta; 1 (default): every trial to the end")
+    p.add_argument("--eta", type=int, default=2, metavar="E", help="successive halving: the best 1/E of a round's "
+                   "trials go on at each rung, the others are pruned (default: 2)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override a script argument in every run, e.g. --set total_timesteps=50000")
     p.add_argument("--resume", type=Path, metavar="TUNE_DIR", help="continue the tune in runs/<tune id> (its "

@@ -5,7 +5,10 @@
     resume    continuing a launch's unfinished jobs
     evaluate  evaluating trained runs again (the scripts' --evaluate), as a table
     results   a run's summary and metrics, learning curves, the results table and its metrics (the peers')
-    tune      tuning with Optuna over packs of trials
+    tune      tuning with Optuna over packs of trials: rounds of trials as jobs (run.py tune)
+    space     a tune's search space file
+    trials    a trial's value over its seeds, the tune's table, figure and best config
+    halving   successive halving's rungs inside packs
 
 and here, what they all use: the repository's root, the one-line error, the flushed line, a YAML value.
 """

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import run
-from launcher import tune
+from launcher import halving, tune
 from launcher.jobs import last_global_step
 from launcher.sweeps import packable_keys
 from tests.test_resume import assert_same, outcome
@@ -220,3 +220,59 @@ def test_a_pack_paused_at_a_rung_and_resumed_equals_the_pack_never_paused(tmp_pa
     for rate in ("1e-3", "3e-4"):
         assert_same(outcome(tmp_path / "runs" / f"rung__{rate}"), outcome(tmp_path / "runs" / f"alone__{rate}"),
                     episodes=2)
+
+
+def test_rungs_end_at_fractions_of_the_budget_and_the_best_trials_go_on():
+    assert halving.rung_steps(100_000, 4, 2) == [12_500, 25_000, 50_000, 100_000]
+    assert halving.rung_steps(50_000, 1, 2) == [50_000]
+    assert halving.rung_steps(90_000, 3, 3) == [10_000, 30_000, 90_000]
+    with pytest.raises(SystemExit, match=r"^error: --rungs 3 with --eta 2 cuts a budget of 2 steps into rungs of "
+                                         r"\[0, 1, 2\]: use fewer rungs$"):
+        halving.rung_steps(2, 3, 2)
+    with pytest.raises(SystemExit, match="^error: --rungs must be >= 1 and --eta >= 2, got 2 and 1$"):
+        halving.rung_steps(1000, 2, 1)
+    values = {0: 10.0, 1: 30.0, 2: 30.0, 3: -5.0, 4: 20.0}
+    assert halving.kept(values, 2) == [1, 2, 4]  # ceil(5 / 2) = 3, best first
+    assert halving.kept(values, 3) == [1, 2]  # a tie at the cut: the earlier trial
+    assert halving.kept({7: 1.0}, 2) == [7]
+
+
+@pytest.mark.slow
+def test_halving_continues_the_best_trials_as_smaller_packs_each_equal_to_its_run_alone(tmp_path):
+    """4 trials x seeds 1 2 (random sampler) in one pack of 8, 6000 steps, rungs at 1500, 3000 and 6000 (--rungs 3
+    --eta 2): 2 trials pruned at 1500, 1 at 3000, 1 trained to the end in a pack of its 2 members cut from the pack
+    of 4 that was cut from the pack of 8. Each of its members ends as `python algos/dqn.py --config best.yaml --seed S`
+    alone, never stopped, bit for bit (model.pt, final evaluation, metrics: the rungs' evaluations fall on the
+    config's own, eval_frequency 1500). A second tune, stopped by SIGTERM in its last rung and continued with
+    --resume, ends with the same study."""
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 6000, "eval_frequency": 1500})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [config, "--space", space, "--trials", "4", "--seeds", "1", "2", "--num-seeds", "8", "--rungs", "3",
+            "--sampler", "random"]
+    alone = tune_process(*argv, "--runs-dir", tmp_path / "alone", cwd=tmp_path)
+    stopped = tune_process(*argv, "--runs-dir", tmp_path / "stopped", cwd=tmp_path)
+    deadline = time.time() + 300
+    while not any((last_global_step(path) or 0) >= 3500 for path in (tmp_path / "stopped").glob("*/metrics.jsonl")):
+        assert stopped.poll() is None and time.time() < deadline, "the last rung never trained"
+        time.sleep(0.1)
+    stopped.send_signal(signal.SIGTERM)
+    finished(stopped, 130)
+    [tune_dir] = (tmp_path / "stopped").glob("tiny__tune__*")
+    again = finished(tune_process("--resume", tune_dir, cwd=tmp_path))
+    assert "resume [1/1]" in again, again
+    out = finished(alone)
+    assert "rung 1/3 at step 1500: 2 of 4 trials go on" in out and "rung 2/3 at step 3000: 1 of 2 trials go on" in out
+    assert re.search(r"round of trials 0-3, rung 3/3 \(to step 6000\): 2 run\(s\) in 1 process\(es\)", out), out
+    [alone_dir] = (tmp_path / "alone").glob("tiny__tune__*")
+    trials = study_trials(alone_dir)
+    assert study_trials(tune_dir) == trials
+    assert sorted(state for _, state, _, _ in trials) == ["COMPLETE"] + ["PRUNED"] * 3
+    [(best, _, params, value)] = [t for t in trials if t[1] == "COMPLETE"]
+    assert f"| {best} | {value:.1f} |" in (alone_dir / "trials.md").read_text()
+    assert "pruned at step 1500" in (alone_dir / "trials.md").read_text()
+    for seed in (1, 2):
+        subprocess.run([sys.executable, str(ROOT / "algos" / "dqn.py"), "--config", str(alone_dir / "best.yaml"),
+                        "--seed", str(seed), "--run-name", f"alone{seed}"], cwd=tmp_path, check=True,
+                       capture_output=True)
+        [member] = (tmp_path / "alone").glob(f"CartPole-v1__dqn__trial={best}__{seed}__*")
+        assert_same(outcome(member), outcome(tmp_path / "runs" / f"alone{seed}"), episodes=2)

@@ -1,0 +1,85 @@
+"""Successive halving inside packs (run.py tune --rungs K --eta E): a round's trials trained to a fraction of the
+budget, the best 1/E of them continued, the others stopped, rung by rung, in fewer and fewer pack members.
+
+Rung r of K ends at step total / E**(K-1-r), the last at the full budget. Every pack of the round pauses at a rung
+(the scripts' --stop-step: an evaluation, a checkpoint; the schedules are the full budget's from the start); a
+trial's value there is the objective over its seeds' evaluations at that step, reported to Optuna as the trial's
+intermediate value; the best ceil(n / E) trials go on and the others are pruned (Optuna's PRUNED, with that value).
+A pack goes on with the members of its trials that were kept, as a smaller pack (--resume HOLDER --members NAME...:
+the checkpoint cut to their rows), so a trial continued to the end trains bit for bit as it would have without
+stopping; a pack none of whose trials was kept ends at the rung, its runs' model.pt and summary.json those of the
+rung. The packs are the round's first packs with the pruned members taken out: never merged, so a pack's members
+always come from one checkpoint.
+
+A tune stopped mid-rung goes on from what the study holds (each trial's values at the rungs it reached, its state)
+and what the runs' directories hold (which members reached a rung, which members a checkpoint holds): the decisions
+are taken again from the same values, and the rung that was running continues from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from launcher import fail
+from launcher.results import finished, summary_in
+
+
+def rung_steps(total: int, rungs: int, eta: int) -> list[int]:
+    """The step each rung ends at: total / eta**(rungs - 1 - r), the last at total; refused in one line when two rungs
+    would end at the same step (too many rungs for the budget)."""
+    if rungs < 1 or eta < 2:
+        fail(f"--rungs must be >= 1 and --eta >= 2, got {rungs} and {eta}")
+    steps = [total // eta ** (rungs - 1 - r) for r in range(rungs)]
+    if steps[0] < 1 or len(set(steps)) < rungs:
+        fail(f"--rungs {rungs} with --eta {eta} cuts a budget of {total} steps into rungs of {steps}: use fewer rungs")
+    return steps
+
+
+def kept(values: dict[int, float], eta: int) -> list[int]:
+    """The trials that go on from a rung: the best ceil(n / eta) by value (a tie: the earlier trial), in order."""
+    best = sorted(values, key=lambda number: (-values[number], number))[:math.ceil(len(values) / eta)]
+    return sorted(best)
+
+
+def reached(run_dir: Path, step: int, final: bool) -> bool:
+    """Whether a run reached a rung: finished (the last rung), or paused at or after its step with an evaluation there
+    (a run stopped by a signal has none)."""
+    if final:
+        return finished(run_dir)
+    summary = summary_in(run_dir)
+    return summary.get("global_step", -1) >= step and bool(summary.get("eval_returns"))
+
+
+def rung_returns(run_dirs: list[Path], step: int, final: bool) -> list[float] | None:
+    """A trial's seeds' evaluation returns at a rung (each run's mean over its episodes), or None if one has not
+    reached it."""
+    if not all(reached(run_dir, step, final) for run_dir in run_dirs):
+        return None
+    return [summary_in(run_dir)["eval_return_mean"] for run_dir in run_dirs]
+
+
+def held_by(checkpoint: Path) -> list[str] | None:
+    """The run directories whose members a checkpoint.pt holds (None: there is none, or it cannot be read)."""
+    import torch
+
+    try:
+        return list(torch.load(checkpoint, weights_only=True, mmap=True)["dirs"])
+    except Exception:  # missing or cut short by a kill: torch raises several types
+        return None
+
+
+def rung_packs(first: list[list[dict[str, Any]]], alive: set[int]) -> list[list[dict[str, Any]]]:
+    """Each of the round's first packs with only the members of the trials alive at a rung (None: none left)."""
+    return [[member for member in pack if member["trial"] in alive] or None for pack in first]
+
+
+def resume_argv(names: list[str], previous: list[str] | None, runs_dir: Path, stop: list[str]) -> list[str] | None:
+    """How a pack of these runs goes on to the rung: from its own checkpoint (it was stopped on the way), or from the
+    checkpoint of the pack it was cut from with --members; None: it starts (the first rung, nothing saved yet)."""
+    if held_by(runs_dir / names[0] / "checkpoint.pt") == names:
+        return ["--resume", f"runs/{names[0]}", *stop]
+    if previous is None:
+        return None
+    return ["--resume", f"runs/{previous[0]}", "--members", *names, *stop]
