@@ -103,6 +103,15 @@ class NStepReturns:
                 "age": self.age.clone(),
                 "ring": None if self.ring is None else self.ring.to_dict()}
 
+    def members_state(self, state: dict, rows: list[int]) -> dict:
+        """A state of these windows for a pack of seeds cut to the seeds `rows`, for this object (built for
+        len(rows) seeds, with their gammas): each kept seed's env columns of the ring and ages, in order."""
+        envs = state["num_envs"] // state.get("num_seeds", 1)
+        index = torch.tensor([i * envs + j for i in rows for j in range(envs)])
+        ring = state["ring"] and {key: value.index_select(1, index) for key, value in state["ring"].items()}
+        return {**state, "gamma": self.gamma, "num_envs": self.num_envs, "num_seeds": self.num_seeds, "ring": ring,
+                "age": state["age"].index_select(0, index)}
+
     def load_state_dict(self, state: dict) -> None:
         saved = (state["n"], state["gamma"], state["num_envs"], state.get("num_seeds", 1))
         if saved != (self.n, self.gamma, self.num_envs, self.num_seeds):

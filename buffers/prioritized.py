@@ -743,6 +743,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         )
         return state
 
+    def members_state(self, state: dict, rows: list[int]) -> dict:
+        """As ReplayBuffer's, plus each kept seed's priorities; alpha and eps are this buffer's own (its seeds')."""
+        out = super().members_state(state, rows)
+        pick = (lambda x: x[rows[0]]) if self.num_seeds == 1 else (lambda x: x[rows])
+        beta = state["beta"]
+        if isinstance(beta, torch.Tensor) and beta.numel() > 1:  # one per seed
+            beta = float(beta.reshape(-1)[rows[0]]) if self.num_seeds == 1 else beta.reshape(len(beta), -1)[rows]
+        return {**out, "alpha": self.alpha, "eps": self.eps, "beta": beta, "priority": pick(state["priority"]),
+                "max_priority": pick(state["max_priority"].reshape(-1))}
+
     def load_state_dict(self, state: dict, copy: bool = True) -> None:
         super().load_state_dict(state, copy)
         self.alpha, self.beta, eps = state["alpha"], state["beta"], state["eps"]

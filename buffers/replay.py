@@ -311,6 +311,24 @@ class ReplayBuffer:
             state["frames"] = self.frame_store.state_dict()
         return state
 
+    def members_state(self, state: dict, rows: list[int]) -> dict:
+        """A state of a buffer with a seed dimension cut to the seeds `rows` (in order), for this buffer, built for
+        len(rows) seeds (one: no seed dimension, its generator the kept seed's); the settings are this buffer's."""
+        if state.get("frames") is not None:
+            raise ValueError("a buffer that stores frames once cannot be cut to some of its seeds")
+        one = self.num_seeds == 1
+        pick = (lambda x: x[rows[0]]) if one else (lambda x: x[rows])
+
+        def cut(value):
+            return {key: cut(item) for key, item in value.items()} if isinstance(value, dict) else pick(value)
+
+        generators = [state["generators"][i] for i in rows]
+        out = {**state, "num_seeds": self.num_seeds, "generator": generators[0],
+               "written": state["written"][rows[0]] if one else [state["written"][i] for i in rows],
+               "storage": None if state["storage"] is None else cut(state["storage"])}
+        out.pop("generators")
+        return out if one else {**out, "generators": generators}
+
     def load_state_dict(self, state: dict, copy: bool = True) -> None:
         """Restore a state_dict. copy=True (the default) copies every tensor, so that this buffer and the
         one the state came from never share memory; copy=False adopts the storage tensors that are

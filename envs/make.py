@@ -172,7 +172,8 @@ def env_seeds(seeds: list[int], num_envs: int) -> list[int]:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int = 1, seed: int | None = None, *, training: bool = True, **env_kwargs: Any
+    env_id: str, num_envs: int = 1, seed: int | None = None, *, training: bool = True, array: bool | None = None,
+    **env_kwargs: Any
 ) -> VectorEnv:
     """A vector env in SAME_STEP autoreset mode; `env_kwargs` go to the env constructor.
 
@@ -181,7 +182,7 @@ def make_vector_env(
     "_final_obs" mask; ale-py: dense array, valid in the rows where terminated | truncated).
     `TransitionRecorder` turns that into clean transitions.
 
-    CartPole ids with ARRAY_FROM envs or more step all envs in one numpy call (gymnasium's CartPoleVectorEnv,
+    CartPole ids with ARRAY_FROM envs or more (or `array=True`) step all envs in one numpy call (CartPoleVectorEnv,
     made SAME_STEP with a generator per env by envs.cartpole.CartPoleArray: the same episodes, bit for bit, as a
     SyncVectorEnv of CartPoleEnv); other gymnasium ids, and CartPole with fewer envs, are a SyncVectorEnv of their
     envs.
@@ -210,7 +211,7 @@ def make_vector_env(
         env.spec = spec  # AtariVectorEnv keeps none; envs.state checks a saved state against it
         if training:
             env = LifeLossInfo(env)
-    elif spec.vector_entry_point == CARTPOLE_ARRAY and num_envs >= ARRAY_FROM:  # one numpy call for all envs
+    elif spec.vector_entry_point == CARTPOLE_ARRAY and (num_envs >= ARRAY_FROM if array is None else array):
         env = CartPoleArray(gym.make_vec(spec, num_envs, vectorization_mode="vector_entry_point", **env_kwargs))
     else:
         with extra_named(env_id):

@@ -61,6 +61,7 @@ class RunArgs:
     run_name: str | None = None  # the run directory under runs/ (default: <env>__<exp_name>__<seed>__<unix time>)
     config: str | None = None  # YAML file of argument defaults (keys: the names above); flags override it
     resume: str | None = None  # continue the run in this directory from its checkpoint (--total-timesteps may change)
+    members: tuple[str, ...] = ()  # with --resume of a pack: go on with only these members (run dir names) as a pack
     schedule_start: int = 0  # the step the schedules start from (an extending --resume sets it, see README)
     evaluate: str | None = None  # evaluate the networks of this run directory (see README: watch and evaluate)
     cuda: bool = True  # use CUDA when it is available
@@ -80,7 +81,7 @@ class RunArgs:
 
 # What --evaluate and --resume may be given besides the run directory.
 EVALUATE_FLAGS = ("--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track")
-RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step")
+RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members")
 
 
 def fail(message: str) -> NoReturn:
@@ -113,7 +114,8 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
             else:
                 saved, source = load_checkpoint(run_dir, algo)["args"], Path(run_dir) / "checkpoint.pt"
             # a resumed run goes on to the end, or to the --stop-step given again
-            saved = {key: value for key, value in saved.items() if key not in ("evaluate", "resume", "stop_step")}
+            saved = {key: value for key, value in saved.items()
+                     if key not in ("evaluate", "resume", "stop_step", "members")}
             return tyro.cli(args_class, default=instance(args_class, saved, str(source)), args=argv,
                             description=description)
     config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None

@@ -114,3 +114,39 @@ def _clip_scale(max_norm: float | torch.Tensor, norm: torch.Tensor) -> torch.Ten
     number over a tensor as the tensor's reciprocal times the number, and a true division of two tensors differs
     from that in the last bit about a quarter of the time."""
     return ((norm + 1e-6).reciprocal() * max_norm).clamp(max=1.0)
+
+
+def members_state(optimizer: torch.optim.Optimizer, state: dict, rows: list[int]) -> dict:
+    """An optimizer's state_dict of a pack cut to the seeds `rows`, for `optimizer` as built for them (SeedAdam, or
+    torch's Adam for one seed; see cut.py): each seed's moments in the shape of its parameters here, the step count
+    (the seeds step together) 0-d or one per seed as SeedAdam.step keeps it, and lr and eps in the form this optimizer
+    holds them: one per seed, or the one value the seeds kept share."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    seeds = getattr(optimizer, "seeds", 1)
+    own = seeds > 1 and any(isinstance(group[key], torch.Tensor) and group[key].numel() > 1
+                            for group in optimizer.param_groups for key in ("lr", "eps"))
+    moments = {}
+    for index, saved in state["state"].items():
+        p, moments[index] = params[index], {}
+        for key, value in saved.items():
+            if key == "step":  # every seed has taken as many steps
+                step = value.reshape(-1)[rows[0] if value.numel() > 1 else 0].clone()
+                whole = seeds == 1 or p[0].numel() % 64 == 0 and not own
+                moments[index][key] = step if whole else step.expand(seeds).clone()
+            else:
+                moments[index][key] = value[rows].reshape(p.shape).clone()
+    groups = [dict(saved, **{key: _setting_rows(saved[key], group[key], rows) for key in ("lr", "eps")})
+              for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True)]
+    return {"state": moments, "param_groups": groups}
+
+
+def _setting_rows(saved, fresh, rows: list[int]):
+    """A group's lr or eps: per seed in a pack ([seeds, 1]), cut to `rows`, in the form the fresh optimizer holds."""
+    if not (isinstance(saved, torch.Tensor) and saved.numel() > 1):
+        return saved  # the pack's seeds shared it
+    kept = saved.reshape(-1)[rows]
+    if isinstance(fresh, torch.Tensor) and fresh.numel() > 1:
+        return kept.reshape(fresh.shape).clone()
+    if not bool((kept == kept[0]).all()):
+        raise ValueError(f"the seeds kept have other values {kept.tolist()} than the one the resumed run holds")
+    return kept[0].clone().reshape(fresh.shape) if isinstance(fresh, torch.Tensor) else float(kept[0])

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
 
 from .args import algo_of, fail, load_checkpoint
+from .cut import part_rows
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .members import carried, each, members, packed, repacked
 from .members import names as member_names
@@ -75,6 +76,9 @@ class Run:
                 fail(f"--{name.replace('_', '-')} must be >= 0 (0: never), got {getattr(args, name)}")
         args = replace(args, exp_name=args.exp_name or self.algo)
         self.resumed = load_checkpoint(args.resume, self.algo) if args.resume and not args.evaluate else None
+        if args.members and self.resumed is None:
+            fail("--members picks the members of a pack that go on: give it with --resume PACK_DIR")
+        self.cut = None  # --members: (the kept members' rows, the pack's size), see cut.py
         if args.evaluate:
             self.dir = Path(args.evaluate)
             args, self.dirs = replace(args, num_seeds=1, pack=()), [self.dir]  # a run directory: one run's networks
@@ -129,7 +133,32 @@ class Run:
         if total != saved:  # train longer: schedules go on from here (see the file's `extended`), member by member
             args = repacked(args, [self.extended(replace(run, total_timesteps=saved), step, total)
                                    for run in members(args)])
-        return args, [here] + [here.parent / name for name in names[1:]]
+        dirs = [here] + [here.parent / name for name in names[1:]]
+        rows = self._kept_rows(here, names, args.members) if args.members else list(range(len(names)))
+        if len(rows) < len(names):
+            args = replace(repacked(args, [members(args)[i] for i in rows]), run_name=names[rows[0]], members=())
+            dirs, self.cut = [dirs[i] for i in rows], (rows, len(names))
+            state = self.resumed
+            envs = len(state["obs"]) // len(names)
+            state["obs"] = state["obs"][[i * envs + j for i in rows for j in range(envs)]]
+            state["last"] = state["last"] and (state["last"][0], [state["last"][1][i] for i in rows])
+            for key in ("wandb_ids", "metrics_bytes", "dirs"):
+                state[key] = state[key] and [state[key][i] for i in rows]
+        return replace(args, members=()), dirs
+
+    def _kept_rows(self, here: Path, names: list[str], kept: tuple[str, ...]) -> list[int]:
+        """The rows of the members --members keeps, in the pack's order; what cannot be cut refused in one line."""
+        if len(names) == 1:
+            fail(f"--members picks members of a pack, and {here} holds a lone run's checkpoint")
+        unknown = [name for name in kept if name not in names]
+        if unknown:
+            fail(f"--members {' '.join(unknown)}: not a member of the pack in {here} (its members: {', '.join(names)})")
+        if len(set(kept)) < len(kept):
+            fail(f"--members names a member twice: {' '.join(kept)}")
+        if not self.resumed["env"].get("exact") or (self.resumed.get("rb") or {}).get("frames") is not None:
+            fail(f"--members: the pack in {here} cannot be cut exactly (Atari emulators cannot be saved, and a replay "
+                 "that stores frames once is not cut by member): resume it whole")
+        return [i for i, name in enumerate(names) if name in kept]
 
     # ---- what the algorithm builds through the run ------------------------------------------------------------
 
@@ -139,7 +168,9 @@ class Run:
         try:
             if self.args.capture_video:
                 check_video(self.args.env)
-            env = make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed)
+            array = "CartPoleArray" in self.resumed["env"].get("vector_layers", ()) if self.resumed else None
+            env = make_vector_env(self.args.env, self.args.num_envs * len(self.seeds), self.args.seed,
+                                  array=array)  # a resumed run: the layout its env state was saved in
         except (ValueError, RuntimeError, ImportError) as e:
             fail(str(e))
         self._choose_precision(env.single_observation_space)
@@ -251,6 +282,10 @@ class Run:
         """Every part from the checkpoint; Atari starts new games (see envs/state.py) with no episode statistics
         or n-step windows of the old ones."""
         try:
+            if self.cut is not None:  # --members: every part cut to the kept members' rows (cut.py)
+                rows, n = self.cut
+                state = {**state, **{name: part_rows(part, state[name], rows, n, env_state(part) if name == "env"
+                                                     else None) for name, part in self.parts.items()}}
             games = load_env_state(self.parts["env"], state["env"])
             for name, part in self.parts.items():
                 if name == "env" or (games is not None and name in ("recorder", "nstep")):

@@ -1,0 +1,90 @@
+"""Some members of a pack going on as a smaller pack (`--resume HOLDER --members NAME ...`, successive halving's rungs):
+a pack of 4 paused at a step (--stop-step) and resumed with two of its members, or one, each kept member ends as the
+same member of the pack never paused, which is its run alone: model.pt, final evaluation and metrics.jsonl, bit for
+bit. And what cannot be cut is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.algo_utils import ROOT
+from tests.test_resume import CASES, assert_same, outcome
+
+pytestmark = pytest.mark.slow
+
+# Each file's pack: 4 seeds and a packable setting that differs in every member.
+PACKS = {
+    "dqn": ["seed=1,2,3,4", "learning_rate=0.001,0.002,0.0015,0.0007"],
+    "per_dqn": ["seed=1,2,3,4", "alpha=0.6,0.3,0.6,0.9"],
+    "nstep_dqn": ["seed=1,2,3,4", "gamma=0.99,0.97,0.95,0.98"],
+    "ddpg": ["seed=1,2,3,4", "exploration_noise=0.1,0.2,0.3,0.15"],
+}
+STOP = {"dqn": "1000", "per_dqn": "1000", "nstep_dqn": "1500", "ddpg": "600"}  # a step of an evaluation
+COMMON = ["--eval-episodes", "2", "--no-cuda", "--threads", "1"]
+
+
+def trained(cwd: Path, algo: str, *argv: str, code: int = 0) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "algos" / f"{algo}.py"), *argv], cwd=cwd, text=True,
+                          capture_output=True)
+    assert done.returncode == code, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def packed(cwd: Path, algo: str, prefix: str, *more: str) -> None:
+    names = ",".join(f"{prefix}{i}" for i in range(4))
+    evaluations = ["--eval-frequency", STOP[algo]]  # the pause's evaluation falls on one the pack makes anyway
+    trained(cwd, algo, *CASES[algo], *COMMON, *evaluations, "--pack", *PACKS[algo], f"run_name={names}", *more)
+
+
+@pytest.mark.parametrize("algo", list(PACKS))
+def test_members_of_a_paused_pack_go_on_as_a_smaller_pack_each_as_never_paused(tmp_path, algo):
+    """Kept: members 1 and 3 (the holder, member 0, is not: the checkpoint moves to member 1's directory)."""
+    packed(tmp_path, algo, "whole")
+    packed(tmp_path, algo, "cut", "--stop-step", STOP[algo])
+    out = trained(tmp_path, algo, "--resume", "runs/cut0", "--members", "cut3", "cut1")
+    assert "resuming runs/cut1 (and 1 more seeds beside it)" in out, out
+    runs = tmp_path / "runs"
+    for i in (1, 3):
+        assert_same(outcome(runs / f"cut{i}"), outcome(runs / f"whole{i}"), episodes=2)
+    assert json.loads((runs / "cut3" / "summary.json").read_text())["pack_dirs"] == ["cut1", "cut3"]
+
+
+@pytest.mark.parametrize("algo", ["dqn", "per_dqn"])
+def test_a_pack_cut_to_one_member_goes_on_as_its_lone_run(tmp_path, algo):
+    packed(tmp_path, algo, "whole")
+    packed(tmp_path, algo, "cut", "--stop-step", STOP[algo])
+    trained(tmp_path, algo, "--resume", "runs/cut0", "--members", "cut2")
+    assert_same(outcome(tmp_path / "runs" / "cut2"), outcome(tmp_path / "runs" / "whole2"), episodes=2)
+
+
+def test_kept_members_that_share_a_setting_go_on_as_a_pack_holding_it_once(tmp_path):
+    """per_dqn's members 0 and 2 share alpha 0.6: the smaller pack holds it as one number, as their runs alone do."""
+    packed(tmp_path, "per_dqn", "whole")
+    packed(tmp_path, "per_dqn", "cut", "--stop-step", STOP["per_dqn"])
+    trained(tmp_path, "per_dqn", "--resume", "runs/cut0", "--members", "cut0", "cut2")
+    for i in (0, 2):
+        assert_same(outcome(tmp_path / "runs" / f"cut{i}"), outcome(tmp_path / "runs" / f"whole{i}"), episodes=2)
+
+
+def test_what_cannot_be_cut_is_refused_in_one_line(tmp_path):
+    packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"])
+    trained(tmp_path, "dqn", *CASES["dqn"], *COMMON, "--run-name", "lone", "--stop-step", "1000")
+    members = "cut0, cut1, cut2, cut3"
+    cases = [
+        (["--resume", "runs/cut0", "--members", "cut1", "nope"],
+         f"error: --members nope: not a member of the pack in runs/cut0 (its members: {members})"),
+        (["--resume", "runs/cut0", "--members", "cut1", "cut1"], "error: --members names a member twice: cut1 cut1"),
+        (["--resume", "runs/lone", "--members", "lone"],
+         "error: --members picks members of a pack, and runs/lone holds a lone run's checkpoint"),
+        (["--members", "cut1"], "error: --members picks the members of a pack that go on: give it with --resume"),
+    ]
+    before = (tmp_path / "runs" / "cut0" / "checkpoint.pt").read_bytes()
+    for argv, message in cases:
+        out = trained(tmp_path, "dqn", *argv, code=1)
+        assert out.strip().splitlines()[-1].startswith(message), out
+    assert (tmp_path / "runs" / "cut0" / "checkpoint.pt").read_bytes() == before
