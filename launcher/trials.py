@@ -44,12 +44,12 @@ def trials_table(trials: list, returns: dict[int, list[float]], how: str) -> str
     """Markdown, a row per trial (best first, then unfinished ones): its number, value, seeds' final evaluation
     returns (`returns`, by trial number) and settings."""
     keys = list(dict.fromkeys(key for trial in trials for key in trial.params))
-    done = sorted((t for t in trials if t.value is not None), key=lambda t: -t.value)
-    rows = [[t.number, f"{t.value:.1f}" if t.value is not None else state_of(t),
+    done = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)
+    rows = [[t.number, f"{t.value:.1f}" if t.state.name == "COMPLETE" else state_of(t),
              " ".join(f"{r:.1f}" for r in returns.get(t.number, [])) or "-",
              *(f"{t.params[key]:.4g}" if isinstance(t.params.get(key), float) else text(t.params.get(key, "-"))
                for key in keys)]
-            for t in done + [t for t in trials if t.value is None]]
+            for t in done + [t for t in trials if t.state.name != "COMPLETE"]]
     header = ["trial", OBJECTIVES[how], "final eval return per seed", *keys]
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
@@ -61,7 +61,7 @@ def trials_figure(trials: list, returns: dict[int, list[float]], how: str, space
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    done = [t for t in trials if t.value is not None]
+    done = [t for t in trials if t.state.name == "COMPLETE"]  # a pruned trial's value is a rung's
     fig = Figure(figsize=(4.5 * (1 + len(space)), 3.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 1 + len(space), squeeze=False)[0]
