@@ -56,8 +56,8 @@ def trials_table(trials: list, returns: dict[int, list[float]], how: str) -> str
 
 
 def trials_figure(trials: list, returns: dict[int, list[float]], how: str, space: dict[str, dict[str, Any]]) -> Any:
-    """The trials: each one's value and seeds' returns by trial number with the best so far, and its value against
-    each setting tried (a log axis for a log-scaled one)."""
+    """The trials: each one's value and seeds' returns by trial number with the best so far (a pruned trial: its value
+    at the last rung it reached), and its value against each setting tried (a log axis for a log-scaled one)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -69,6 +69,10 @@ def trials_figure(trials: list, returns: dict[int, list[float]], how: str, space
         axes[0].scatter([t.number] * len(returns[t.number]), returns[t.number], color="0.7", s=8)
     numbers, values = [t.number for t in done], [t.value for t in done]
     axes[0].scatter(numbers, values, label=OBJECTIVES[how])
+    pruned = [t for t in trials if t.state.name == "PRUNED" and t.intermediate_values]
+    if pruned:  # successive halving: where each pruned trial stood at the last rung it reached
+        axes[0].scatter([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+                        marker="x", color="0.5", label="pruned: at its last rung")
     best = [max(values[:i + 1]) for i in range(len(values))]
     axes[0].step(numbers, best, where="post", color="C1", label="best so far")
     axes[0].set(xlabel="trial", ylabel="final eval return")
