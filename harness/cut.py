@@ -28,6 +28,11 @@ import torch
 from .optim import members_state as optimizer_state
 
 
+def member_rows(rows: list[int], k: int) -> list[int]:
+    """The indices of the members `rows` in a layout of k rows per member (member i's at i * k ... i * k + k - 1)."""
+    return [i * k + j for i in rows for j in range(k)]
+
+
 def rows_like(saved: Any, template: Any, rows: list[int], n: int) -> Any:
     """`saved` (a state of a pack of n members) cut to the members `rows`, in the layout of `template` (the same
     part's state as built for those members); a value whose layout cannot be matched raises ValueError."""
@@ -45,7 +50,7 @@ def rows_like(saved: Any, template: Any, rows: list[int], n: int) -> Any:
             return type(saved)(rows_like(s, t, rows, n) for s, t in zip(saved, template, strict=True))
         if isinstance(template, list | tuple) and len(saved) % n == 0 and len(template) == m * (len(saved) // n):
             k = len(saved) // n
-            return type(saved)(saved[i * k + j] for i in rows for j in range(k))
+            return type(saved)(saved[i] for i in member_rows(rows, k))
         if m == 1 and len(saved) == n:  # one member's value where the pack held one per member
             return rows_like(saved[rows[0]], template, [0], 1)
         raise ValueError(f"a list of {len(saved)} for {n} members, the resumed run's has {_size(template)}")
@@ -70,7 +75,7 @@ def _tensor_rows(saved, template, rows: list[int], n: int):
     if len(differ) != 1 or saved.shape[differ[0]] % n or shape[differ[0]] != m * (saved.shape[differ[0]] // n):
         raise ValueError(f"a tensor of shape {tuple(saved.shape)} for {n} members, the resumed run's is {shape}")
     axis, k = differ[0], saved.shape[differ[0]] // n
-    index = [i * k + j for i in rows for j in range(k)]
+    index = member_rows(rows, k)
     if isinstance(saved, torch.Tensor):
         return saved.index_select(axis, torch.as_tensor(index, device=saved.device))
     return np.take(saved, index, axis=axis)

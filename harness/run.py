@@ -40,7 +40,7 @@ from tqdm import tqdm
 from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
 
 from .args import algo_of, fail, load_checkpoint
-from .cut import part_rows
+from .cut import member_rows, part_rows
 from .files import read_json, save_atomic, write_atomic, write_json_atomic
 from .members import carried, each, members, packed, repacked
 from .members import names as member_names
@@ -140,7 +140,7 @@ class Run:
             dirs, self.cut = [dirs[i] for i in rows], (rows, len(names))
             state = self.resumed
             envs = len(state["obs"]) // len(names)
-            state["obs"] = state["obs"][[i * envs + j for i in rows for j in range(envs)]]
+            state["obs"] = state["obs"][member_rows(rows, envs)]
             state["last"] = state["last"] and (state["last"][0], [state["last"][1][i] for i in rows])
             for key in ("wandb_ids", "metrics_bytes", "dirs"):
                 state[key] = state[key] and [state[key][i] for i in rows]

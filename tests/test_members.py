@@ -88,3 +88,25 @@ def test_what_cannot_be_cut_is_refused_in_one_line(tmp_path):
         out = trained(tmp_path, "dqn", *argv, code=1)
         assert out.strip().splitlines()[-1].startswith(message), out
     assert (tmp_path / "runs" / "cut0" / "checkpoint.pt").read_bytes() == before
+
+
+def test_rows_like_cuts_each_value_by_the_layout_of_the_resumed_part():
+    """rows_like alone, on a state shaped like a pack of 3 members cut to members 2 and 0 (in that order), and to
+    member 1 alone: stacked rows, k rows per member, shared values and counts; a layout it cannot match raises."""
+    import torch
+
+    from harness.cut import rows_like
+
+    saved = {"w": torch.arange(6.0).reshape(3, 2), "envs": torch.arange(6), "shared": torch.ones(4),
+             "gens": ["g0", "g1", "g2"], "num_envs": 6, "step": 7}
+    template = {"w": torch.zeros(2, 2), "envs": torch.zeros(4), "shared": torch.zeros(4),
+                "gens": [None, None], "num_envs": 4, "step": 0}
+    cut = rows_like(saved, template, [2, 0], 3)
+    assert cut["w"].tolist() == [[4.0, 5.0], [0.0, 1.0]]
+    assert cut["envs"].tolist() == [4, 5, 0, 1]  # two env rows per member
+    assert cut["shared"] is saved["shared"] and cut["step"] == 7
+    assert cut["gens"] == ["g2", "g0"] and cut["num_envs"] == 4
+    lone = rows_like({"w": saved["w"]}, {"w": torch.zeros(2)}, [1], 3)  # one member's row, without the pack axis
+    assert lone["w"].tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match="for 3 members"):
+        rows_like({"w": torch.zeros(3, 2)}, {"w": torch.zeros(5, 2)}, [0, 1], 3)
