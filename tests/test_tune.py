@@ -98,7 +98,9 @@ def test_every_error_of_a_space_file_is_one_line_naming_the_file_the_key_and_wha
 def test_the_spaces_in_configs_are_valid_and_a_sampler_is_found_by_name(tmp_path):
     for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
         script = ROOT / "algos" / f"{algo}.py"
-        for path in sorted((ROOT / "configs" / algo / "spaces").glob("*.yaml")):  # the defaults and the narrower ones
+        paths = sorted((ROOT / "configs" / algo / "spaces").glob("*.yaml"))  # the default and the narrower ones
+        assert ROOT / "configs" / algo / "spaces" / "default.yaml" in paths
+        for path in paths:
             space = tune.space_from(path, tune.args_class(script), {})
             assert set(space) <= packable_keys(script), path  # they pack: no setting splits the trials
     assert type(tune.sampler_named("random", 1)).__name__ == "RandomSampler"
