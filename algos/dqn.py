@@ -21,7 +21,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import ReplayBuffer
 from envs import TransitionRecorder, is_atari
-from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf
+from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf, pixels
 
 # Atari ids without --config: the Nature-DQN recipe (Mnih et al. 2015) as CleanRL's dqn_atari.py runs it, with the
 # Huber loss of the paper's error clipping and the paper's evaluation epsilon of 0.05; 8 envs on 2 threads.
@@ -74,7 +74,7 @@ class QNetwork(nn.Module):
                                      nn.Linear(256, actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [batch, *obs_shape] -> [batch, actions]
-        q = self.net(obs.float() / 255.0 if self.image else obs.float().flatten(-self.obs_dims))
+        q = self.net(pixels(obs) if self.image else obs.float().flatten(-self.obs_dims))
         return q.float()  # fp32 Q-values under bf16 autocast (--precision): targets and TD errors stay fp32
 
 

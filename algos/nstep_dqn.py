@@ -21,7 +21,7 @@ from tensordict import TensorDict, from_module
 
 from buffers import NStepReturns, ReplayBuffer
 from envs import TransitionRecorder, is_atari
-from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf
+from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf, pixels
 
 # Atari ids without --config: Lapan's Pong settings at half its replay ratio, Rainbow's n = 3 (docs/atari.md).
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
@@ -74,7 +74,7 @@ class QNetwork(nn.Module):
                                      nn.Linear(256, actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [batch, *obs_shape] -> [batch, actions]
-        q = self.net(obs.float() / 255.0 if self.image else obs.float().flatten(-self.obs_dims))
+        q = self.net(pixels(obs) if self.image else obs.float().flatten(-self.obs_dims))
         return q.float()  # fp32 Q-values under bf16 autocast (--precision): targets and TD errors stay fp32
 
 

@@ -18,9 +18,10 @@ from .args import Packable, RunArgs, fail, parse_args
 from .kinds import PackError
 from .members import chosen, per_leaf
 from .optim import SeedAdam, adam, clip_grad_norm
+from .precision import pixels
 from .products import SeedConv2d, SeedLinear
 from .run import Run, crossed
 from .seeds import seed_state_dict, stacked
 
 __all__ = ["Packable", "PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "chosen",
-           "clip_grad_norm", "crossed", "fail", "parse_args", "per_leaf", "seed_state_dict", "stacked"]
+           "clip_grad_norm", "crossed", "fail", "parse_args", "per_leaf", "pixels", "seed_state_dict", "stacked"]

@@ -100,7 +100,10 @@ def _first_call(pack: nn.Module, args: tuple, kwargs: dict) -> dict[str, dict]:
                    "seeds, whose inputs are one row per seed, [seeds, ...] (docs/packs.md)")
     shapes = {name: t.shape for name, t in chain(template.named_parameters(), template.named_buffers())}
     layers = pack._seed_layers
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), _evaluating(pack), _evaluating(template):
+    # Without the CPU's bf16 autocast: its rounding (and a layout of a seed's own alone: precision.pixels) is coarser
+    # than the check's tolerance, and the check is of which tensors are each seed's, not of a number format.
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _evaluating(pack), _evaluating(template), \
+            torch.autocast("cpu", enabled=False):
         probe = {name: _distinct(t) for name, t in chain(pack.named_parameters(), pack.named_buffers())}
         alone = []
         for i in range(seeds):

@@ -189,3 +189,54 @@ def test_a_packs_cnn_under_bf16_computes_each_seed_as_alone_to_bf16_rounding():
             grad_scale = float(p.grad.abs().max())
             assert torch.allclose(stacked_p.grad[i], p.grad, rtol=0, atol=2e-2 * grad_scale), name
     assert not torch.equal(q_alone[0], alone[0](obs[0]))  # fp32 outside autocast: another number
+
+
+def test_pixels_under_bf16_autocast_are_the_bf16_cast_of_the_fp32_quotient():
+    """Every uint8 value: pixels() under the CPU's bf16 autocast equals (x.float() / 255).bfloat16() bit for bit; a
+    batch of images comes out channels_last, a pack's [seeds, batch, ...] in its own layout; outside autocast it is
+    the fp32 quotient."""
+    from harness.precision import pixels
+
+    values = torch.arange(256, dtype=torch.uint8).view(1, 4, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = pixels(values)
+        packed = pixels(values.unsqueeze(0))
+    assert x.dtype == torch.bfloat16 and torch.equal(x, (values.float() / 255.0).bfloat16())
+    assert x.is_contiguous(memory_format=torch.channels_last) and packed.is_contiguous()
+    assert torch.equal(packed[0], x)
+    outside = pixels(values)
+    assert outside.dtype == torch.float32 and torch.equal(outside, values.float() / 255.0)
+
+
+@needs_bf16
+@pytest.mark.parametrize("name", ["dqn", "per_dqn", "nstep_dqn"])
+def test_the_cnn_update_under_bf16_is_the_one_of_the_fp32_quotient_bit_for_bit(name):
+    """Each DQN file's Nature CNN, three Adam steps of a TD-like loss under bf16 autocast on random Pong-sized
+    batches: the Q-values, gradients and weights equal bit for bit those of the same network fed
+    `(obs.float() / 255)` in the default layout (how it computed before pixels()), and differ from fp32's."""
+    algo = load_algo(name)
+
+    class Before(algo.QNetwork):
+        def forward(self, obs):
+            return self.net(obs.float() / 255.0).float()
+
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 256, (16, 4, 84, 84), generator=generator, dtype=torch.uint8) for _ in range(3)]
+    runs = {}
+    for key, cls, precision in (("now", algo.QNetwork, torch.bfloat16), ("before", Before, torch.bfloat16),
+                                ("fp32", algo.QNetwork, None)):
+        torch.manual_seed(1)
+        network = cls(IMAGES, gym.spaces.Discrete(6))
+        optimizer = torch.optim.Adam(network.parameters(), lr=1e-3)
+        outputs = []
+        for obs in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision is not None):
+                q = network(obs)
+                loss = (q - q.detach().roll(1, 0) - 1.0).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            outputs += [q.detach().clone()] + [p.grad.clone() for p in network.parameters()]
+            optimizer.step()
+        runs[key] = outputs + [p.detach().clone() for p in network.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(runs["now"], runs["before"], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(runs["now"], runs["fp32"], strict=True))
