@@ -20,6 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -93,8 +95,10 @@ def main() -> None:
     if not (options.run_dir / "metrics.jsonl").is_file():
         sys.exit(f"error: {options.run_dir} has no metrics.jsonl")
     segments = sorted((int(s.split(":")[0]), float(s.split(":")[1])) for s in options.segments)
+    config = options.run_dir / "config.yaml"
+    settings = yaml.safe_load(config.read_text()) if config.is_file() else {}
     data = {"command": options.command, "machine": options.machine, "run": options.run_dir.name,
-            **curve(options.run_dir, segments)}
+            "env": settings.get("env"), "seed": settings.get("seed"), **curve(options.run_dir, segments)}
     out = ROOT / "benchmarks" / "results"
     (out / f"{options.name}.json").write_text(json.dumps(data, indent=1))
     best = max((e["eval/episodic_return"] for e in data["evaluations"]), default=None)

@@ -29,6 +29,7 @@ def evaluate(
     max_episode_steps: int | None = None,
     video_dir: str | Sequence[str | None] | None = None,
     abort: Callable[[], bool] | None = None,
+    capped: list[int] | None = None,
 ) -> list[float] | list[list[float]]:
     """Raw (unclipped) returns of `episodes` episodes of `policy` (batch of obs -> batch of actions).
 
@@ -49,7 +50,9 @@ def evaluate(
     ATARI_MAX_EPISODE_STEPS, the same as ale-py's own 108,000-frame limit, so a policy that never
     presses FIRE stalls one episode for at most that; otherwise only the env's own time limit).
     Pass less for quick periodic evaluations. A capped episode counts as truncated: its return
-    so far is reported and that sub-env is reset.
+    so far is reported and that sub-env is reset. Given a list `capped`, it gets, per group (one
+    int for an int `seed`), how many of the group's reported episodes the cap ended: a policy that
+    stalls a game is then seen, not only timed.
 
     `abort`, if given, is asked before every step; when it returns True the evaluation stops by
     raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
@@ -78,6 +81,7 @@ def evaluate(
     quota = np.array(share * len(seeds))
     stats = EpisodeStats(len(quota))
     returns: list[list[float]] = [[] for _ in seeds]
+    stalled = [0] * len(seeds)
     mirrors = {g * num_envs: Mirror(env_id, s) for g, (s, d) in enumerate(zip(seeds, video_dirs, strict=True))
                if d is not None}
     try:
@@ -89,21 +93,24 @@ def evaluate(
             action = policy(obs)
             obs, reward, terminated, truncated, info = env.step(action)
             done = terminated | truncated
-            capped = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
+            at_cap = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
             for i, mirror in mirrors.items():
                 if mirror.recording:
-                    mirror.step(action[i], float(reward[i]), bool(done[i] or capped[i]))
-            for i, ret, _ in stats.update(reward, done | capped):
+                    mirror.step(action[i], float(reward[i]), bool(done[i] or at_cap[i]))
+            for i, ret, _ in stats.update(reward, done | at_cap):
                 if quota[i] > 0:
                     quota[i] -= 1
                     returns[i // num_envs].append(ret)
-            if capped.any() and quota.any():
+                    stalled[i // num_envs] += bool(at_cap[i])
+            if at_cap.any() and quota.any():
                 # sub-envs not in the mask go on: both vector envs report their current obs
-                obs, _ = env.reset(options={"reset_mask": capped})
+                obs, _ = env.reset(options={"reset_mask": at_cap})
     finally:
         env.close()
         for mirror in mirrors.values():
             mirror.close()
+    if capped is not None:
+        capped.extend(stalled)
     for i, mirror in mirrors.items():
         _write_mp4(os.path.join(video_dirs[i // num_envs], "eval-episode-0.mp4"), mirror.frames, mirror.fps)
     return returns if grouped else returns[0]

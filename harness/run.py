@@ -371,8 +371,21 @@ class Run:
         seed + 10000, afresh for every evaluation (so --evaluate plays the training's final one again)."""
         seeds = [seed + EVAL_SEED_OFFSET for seed in self.seeds]
         rngs = [np.random.default_rng(seed) for seed in seeds]
+        self.capped = []  # each seed's episodes that the episode cap ended: a stalled policy (see stalled)
         return evaluate(self.args.env, lambda obs: self.policy(obs, rngs), self.args.eval_episodes, seeds,
-                        abort=abort, video_dir=video_dirs)
+                        abort=abort, video_dir=video_dirs, capped=self.capped)
+
+    def stalled(self, step: int) -> None:
+        """Says so, in the metrics and in one printed line, when the cap ended some episodes of the evaluation just
+        made: their policy stalled the game (on Atari: no FIRE after a lost life), so their returns are not a game's."""
+        if not any(self.capped):
+            return
+        if self.args.evaluate is None:
+            self.log(step, {"eval/capped_episodes": self.capped})
+        counts = ", ".join(f"{n} of {self.args.eval_episodes}" for n in self.capped)
+        message = (f"evaluation at step {step}: {counts} episodes ended at the episode cap, not by the game: the "
+                   "policy stalled (on Atari, one that does not press FIRE after a lost life waits there)")
+        tqdm.write(message)
 
     def evaluate(self, step: int, video: bool = False) -> None:
         """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
@@ -384,9 +397,10 @@ class Run:
             return
         finally:
             self.eval_time += time.time() - tick
-        self.due, self.last = None, (step, returns)
+        self.due, self.last = None, (step, returns, self.capped)
         if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
             self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
+            self.stalled(step)
         self.reached = self.args.stop_return is not None and np.mean(returns[0]) >= self.args.stop_return
 
     def wall_s(self) -> float:
@@ -437,6 +451,7 @@ class Run:
             summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
                        "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
                        "eval_returns": returns, "global_step": step, "updates": counts[1],
+                       "eval_capped": self.last[2][i] if self.signal is None and len(self.last) > 2 else None,
                        "interrupted": bool(self.signal) or paused,  # paused: evaluated, to be resumed
                        "train_sps": (step - self.start_step) / max(train_time, 1e-9),
                        "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
@@ -514,10 +529,12 @@ class Run:
         out.mkdir(exist_ok=True)
         video = out / f"{stamp}-video" if args.capture_video else None
         returns = self.evaluation(video_dirs=[str(video)] if video else None)[0]
+        self.stalled(self.step)
         mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
         record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
                   "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
-                  "returns": returns, "mean": mean, "std": std, "video": None, "time": stamp}
+                  "returns": returns, "mean": mean, "std": std, "capped": self.capped[0], "video": None,
+                  "time": stamp}
         if video is not None:  # env 0's first episode: the first return
             record["video"] = f"{stamp}-episode-0-return-{returns[0]:g}.mp4"
             os.replace(video / "eval-episode-0.mp4", out / record["video"])
