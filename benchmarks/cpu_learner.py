@@ -11,7 +11,11 @@ learner are the file's own (QNetwork, make_update, make_learner), wrapped as the
 
     fp32           the plain update (the code before --precision)
     channels_last  the networks' weights in channels_last layout (oneDNN's preferred one)
-    bf16           bf16 autocast in the update (harness/precision.py: what --precision auto takes on a bf16 CPU)
+    bf16           bf16 autocast in the update (harness/precision.py: what --precision auto takes on a bf16 CPU); the
+                   network takes obs / 255 in bf16 and channels_last there (precision.pixels)
+    bf16_fp32_in   bf16 autocast with the network fed obs.float() / 255 in the default layout (autocast casts it to
+                   bf16 in each convolution, oneDNN reorders it): the same numbers as bf16, bit for bit, computed as
+                   before pixels()
     bf16_cl        bf16 autocast and channels_last
     compile        torch.compile(update) in fp32 (inductor on the CPU)
     compile_bf16   torch.compile of the bf16 autocast update
@@ -48,7 +52,7 @@ from harness.optim import adam  # noqa: E402
 from harness.precision import autocast, cpu_flags  # noqa: E402
 from tests.algo_utils import load_algo, parse  # noqa: E402
 
-VARIANTS = ("fp32", "channels_last", "bf16", "bf16_cl", "compile", "compile_bf16")
+VARIANTS = ("fp32", "channels_last", "bf16", "bf16_fp32_in", "bf16_cl", "compile", "compile_bf16")
 
 
 def pong_buffer(algo, args, transitions: int = 3000) -> tuple[PrioritizedReplayBuffer, object]:
@@ -72,7 +76,13 @@ def pong_buffer(algo, args, transitions: int = 3000) -> tuple[PrioritizedReplayB
 def learner(algo, args, rb, env, variant: str):
     """The file's learn(steps, moves) with fresh networks, wrapped as `variant` says."""
     torch.manual_seed(1)
-    network = partial(algo.QNetwork, env.single_observation_space, env.single_action_space)
+
+    class FedFp32(algo.QNetwork):  # the quotient in fp32, in the default layout
+        def forward(self, obs):
+            return self.net(obs.float() / 255.0).float()
+
+    cls = FedFp32 if variant == "bf16_fp32_in" else algo.QNetwork
+    network = partial(cls, env.single_observation_space, env.single_action_space)
     q_network = network()
     if variant in ("channels_last", "bf16_cl"):
         q_network = q_network.to(memory_format=torch.channels_last)
