@@ -29,17 +29,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 STEPS = (250_000, 500_000, 1_000_000)
 GOALS = {"Pong": 18.0, "Breakout": 30.0}
 # Same-step anchors, agent steps (4 frames each). CleanRL dqn_atari: 3 seeds, read from its curves (training return).
-# Dopamine (baselines/atari/data/<game>.json): 5 runs, the mean training return of the iteration ending at the step,
-# sticky actions.
-ANCHORS = {
-    "Pong": [("Dopamine DQN", 500_000, -19.1), ("Dopamine Rainbow", 500_000, -20.6),
-             ("CleanRL dqn_atari", 1_000_000, -14.0), ("Dopamine DQN", 1_000_000, -16.6),
-             ("Dopamine Adam-DQN", 1_000_000, -13.9), ("Dopamine Rainbow", 1_000_000, -16.5)],
-    "Breakout": [("CleanRL dqn_atari", 1_000_000, 30.0), ("Dopamine DQN", 1_000_000, 6.7),
-                 ("Dopamine Adam-DQN", 1_000_000, 18.9), ("Dopamine Rainbow", 1_000_000, 15.6),
-                 ("CleanRL dqn_atari", 2_000_000, 100.0), ("Dopamine DQN", 2_000_000, 16.3),
-                 ("Dopamine Adam-DQN", 2_000_000, 38.3), ("Dopamine Rainbow", 2_000_000, 32.4)],
-}
+# Dopamine: baselines/atari/data/<game>.json, the mean over its 5 runs of an iteration's value (the mean training
+# return of the iteration's episodes; iteration k covers agent steps 250k k to 250k (k + 1), listed at its end),
+# sticky actions; agents "DQN", "DQN (Adam + MSE in JAX)" and "Rainbow".
+DOPAMINE = {"Pong": {250_000: (-20.3, -20.2, -20.4), 500_000: (-19.1, -18.5, -20.6), 1_000_000: (-16.6, -13.9, -16.5)},
+            "Breakout": {250_000: (1.6, 1.8, 1.8), 500_000: (3.1, 6.5, 4.5), 1_000_000: (6.7, 18.9, 15.6),
+                         2_000_000: (16.3, 38.3, 32.4)}}
+AGENTS = ("Dopamine DQN", "Dopamine Adam-DQN", "Dopamine Rainbow")
+ANCHORS = {game: [(name, step, value) for step, values in steps.items()
+                  for name, value in zip(AGENTS, values, strict=True)] for game, steps in DOPAMINE.items()}
+ANCHORS["Pong"] += [("CleanRL dqn_atari", 1_000_000, -14.0)]
+ANCHORS["Breakout"] += [("CleanRL dqn_atari", 1_000_000, 30.0), ("CleanRL dqn_atari", 2_000_000, 100.0)]
 
 
 def game_and_seed(data: dict) -> tuple[str, int]:
@@ -79,7 +79,7 @@ def cell(value: float | None) -> str:
 
 def table(curves: list[dict]) -> str:
     head = ("| game | seed | machine | eval 250k | eval 500k | eval 1M | first eval >= goal (steps, h) | last eval "
-            "(steps) | Dopamine's metric 500k / 1M | CleanRL's metric 1M |")
+            "(steps) | Dopamine's metric 250k / 500k / 1M | CleanRL's metric 1M |")
     lines = [head, "| --- " * 10 + "|"]
     for data in sorted(curves, key=lambda d: game_and_seed(d)):
         game, seed = game_and_seed(data)
@@ -88,7 +88,7 @@ def table(curves: list[dict]) -> str:
         to_goal = (f"{reached[0] / 1e3:.0f}k, {reached[1] / 3600:.2f} h" if reached and reached[1] is not None
                    else f"{reached[0] / 1e3:.0f}k" if reached else "not yet")
         last = data["evaluations"][-1] if data["evaluations"] else None
-        dopamine = " / ".join(cell(training_mean(data, step - 250_000, step)) or "-" for step in (500_000, 1_000_000))
+        dopamine = " / ".join(cell(training_mean(data, step - 250_000, step)) or "-" for step in STEPS)
         cleanrl = cell(training_mean(data, 950_000, 1_000_000)) or "-"
         lines.append(f"| {game} | {seed} | {machine(data)} | "
                      + " | ".join(cell(evaluation_at(data, step)) or "-" for step in STEPS)
