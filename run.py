@@ -5,7 +5,8 @@
     python run.py resume runs/LAUNCH_ID [--total-timesteps N] [--jobs N] [--ray ADDRESS]
     python run.py evaluate RUNS... [--eval-episodes N] [--seed S] [--capture-video] [--jobs N]
     python run.py plot RUN_DIR... [--metric TAG] [--smooth N] [--by KEY] [--out curves.png]
-    python run.py table RUN_DIR... [--by KEY] [--metric final|final-episodes|last-episodes|best-eval] [--episodes N]
+    python run.py table RUN_DIR... [--by KEY] [--metric final|final-episodes|last-episodes|best-eval|eval-at|iteration]
+                                   [--episodes N] [--at STEP]
     python run.py tune CONFIG.yaml --trials N [--space SPACE.yaml] [--seeds 1 2 3] [--num-seeds N] [--sampler NAME]
                        [--objective mean-std|min|mean] [--jobs N] [--ray ADDRESS]     (--resume runs/TUNE_ID continues)
     python run.py CONFIG.yaml --help        # every launch option (and resume/plot/table --help)
@@ -112,8 +113,13 @@ def results_parser(command: str) -> argparse.ArgumentParser:
                        help="final: each seed's final evaluation mean (default); final-episodes: every final "
                        "evaluation episode pooled (as a single agent's episodes are reported); last-episodes: the mean "
                        "of each seed's last --episodes training episodes (CleanRL's benchmarks); best-eval: each "
-                       "seed's best evaluation during training (the TD3 paper's max)")
+                       "seed's best evaluation during training (the TD3 paper's max); eval-at: the evaluation at "
+                       "--at; iteration: the mean return of the training episodes that ended in the 250k steps up "
+                       "to --at (Dopamine's iteration)")
         p.add_argument("--episodes", type=int, default=100, help="training episodes for --metric last-episodes")
+        p.add_argument("--at", type=int, metavar="STEP", help="the step a metric is read at (eval-at and iteration "
+                       "need it; last-episodes and best-eval then count up to it); runs that have not reached it "
+                       "give none")
     if command == "plot":
         p.add_argument("--metric", help="a tag in metrics.jsonl (default: eval/episodic_return, or "
                        f"{TRAINING_RETURN} smoothed when some run has fewer than 3 evaluations)")
@@ -159,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         args = results_parser("table").parse_args(argv[1:])
         if args.episodes < 1:
             fail(f"--episodes must be >= 1, got {args.episodes}")
-        say(results_table(args.run_dirs, args.by, args.metric, args.episodes))
+        if args.at is None and args.metric in ("eval-at", "iteration"):
+            fail(f"--metric {args.metric} needs --at STEP (the step it is read at)")
+        if args.at is not None and (args.at < 1 or args.metric in ("final", "final-episodes")):
+            fail(f"--at must be >= 1 and goes with --metric eval-at, iteration, last-episodes or best-eval; got "
+                 f"--at {args.at} --metric {args.metric}")
+        say(results_table(args.run_dirs, args.by, args.metric, args.episodes, args.at))
         return 0
     if argv[0] == "resume":
         return resume(resume_parser().parse_args(argv[1:]))

@@ -202,29 +202,47 @@ def latest_evaluation(run_dir: Path) -> dict[str, Any] | None:
 METRICS = {  # run.py table --metric: what each row's value is, per run (then mean ± sample std over the runs)
     "final": "final eval return (mean ± sample std over seeds)",
     "final-episodes": "final eval return (mean ± std over all seeds' episodes)",
-    "last-episodes": "mean of the last {episodes} training episodes (mean ± sample std over seeds)",
-    "best-eval": "best evaluation during training (mean ± sample std over seeds)",
+    "last-episodes": "mean of the last {episodes} training episodes{at} (mean ± sample std over seeds)",
+    "best-eval": "best evaluation during training{at} (mean ± sample std over seeds)",
+    "eval-at": "the evaluation at step {step} (mean ± sample std over seeds)",
+    "iteration": "mean training return of the episodes ended in steps {start}-{step}, Dopamine's iteration "
+                 "(mean ± sample std over seeds)",
 }
+ITERATION = 250_000  # Dopamine's iteration: 1M frames, 250k agent steps
 
 
-def metric_values(run_dir: Path, summary: dict[str, Any], metric: str, episodes: int) -> list[float]:
+def metric_values(run_dir: Path, summary: dict[str, Any], metric: str, episodes: int,
+                  at: int | None = None) -> list[float]:
     """A run's values of a table metric: its final evaluation's mean (final), every episode of it
     (final-episodes), the mean of its last `episodes` training episodes by step (last-episodes: CleanRL's
-    benchmarks), or the largest of its evaluations' means (best-eval: the TD3 paper's max over training); none
-    where the run has nothing to give."""
+    benchmarks and curves), the largest of its evaluations' means (best-eval: the TD3 paper's max over training),
+    its evaluation at step `at` (eval-at), or the mean return of the training episodes that ended in the 250k
+    steps up to `at` (iteration: Dopamine's). With `at`, last-episodes and best-eval count only what happened up
+    to that step. None where the run has nothing to give, or has not reached `at`."""
     if metric == "final":
         return [summary["eval_return_mean"]] if summary.get("eval_return_mean") is not None else []
     if metric == "final-episodes":
         return list(summary.get("eval_returns") or [])
     if not (run_dir / "metrics.jsonl").is_file():
         return []
-    _, values = metric_series(run_dir, TRAINING_RETURN if metric == "last-episodes" else "eval/episodic_return")
+    training = metric in ("last-episodes", "iteration")
+    steps, values = metric_series(run_dir, TRAINING_RETURN if training else "eval/episodic_return")
+    if at is not None:
+        if max(metric_series(run_dir, "global_step")[1], default=summary.get("global_step", 0)) < at:
+            return []  # the run has not reached the step
+        values = values[steps <= at]
+        if metric == "iteration":
+            values = values[steps[steps <= at] > at - ITERATION]
+        elif metric == "eval-at":
+            values = values[steps[steps <= at] == at]
     if not len(values):
         return []
-    return [float(values[-episodes:].mean() if metric == "last-episodes" else values.max())]
+    return [float(values[-episodes:].mean() if metric == "last-episodes" else
+                  values.mean() if metric == "iteration" else values[-1] if metric == "eval-at" else values.max())]
 
 
-def results_table(paths: list[Path], by: str | None = None, metric: str = "final", episodes: int = 100) -> str:
+def results_table(paths: list[Path], by: str | None = None, metric: str = "final", episodes: int = 100,
+                  at: int | None = None) -> str:
     """Markdown, one row per (algo, env[, value of config key `by`]): the metric (see METRICS; the final
     evaluation return by default) and the mean evaluation return over the run (the area under its curve), each as
     mean ± std over seeds; and the latest re-evaluation (`--evaluate`) of each run, where some run has one."""
@@ -234,7 +252,7 @@ def results_table(paths: list[Path], by: str | None = None, metric: str = "final
     rows = []
     for key in sorted(groups, key=key_order):
         summaries = [summary_in(run_dir) for run_dir in groups[key]]
-        per_run = [metric_values(run_dir, summary, metric, episodes)
+        per_run = [metric_values(run_dir, summary, metric, episodes, at)
                    for run_dir, summary in zip(groups[key], summaries, strict=True)]
         returns = [value for values in per_run for value in values]
         areas = [a for a in map(mean_eval_return, groups[key]) if a is not None]
@@ -245,7 +263,9 @@ def results_table(paths: list[Path], by: str | None = None, metric: str = "final
                      mean_and_std(returns),
                      mean_and_std(areas), steps[0] if len(steps) == 1 else f"{steps[0]}–{steps[-1]}",
                      duration(statistics.fmean(walls)) if walls else "-", f"{mean_and_std(again)} ({len(again)})"])
-    header = ["algo", "env", *([by] if by else []), "seeds", METRICS[metric].format(episodes=episodes),
+    described = METRICS[metric].format(episodes=episodes, step=at, start=(at or 0) - ITERATION,
+                                       at=f" up to step {at}" if at is not None else "")
+    header = ["algo", "env", *([by] if by else []), "seeds", described,
               "mean eval return over the run (area under curve)", "steps", "wall time (mean)",
               "latest re-evaluation (mean ± sample std over seeds, runs)"]
     if all(row[-1] == "- (0)" for row in rows):  # nothing re-evaluated: no column

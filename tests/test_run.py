@@ -508,6 +508,33 @@ def test_table_computes_the_metric_each_source_reports(tmp_path, capsys):
         run.main(["table", str(runs), "--metric", "last-episodes", "--episodes", "0"])
 
 
+def test_table_reads_a_metric_at_a_step_as_dopamine_and_cleanrl_report_it(tmp_path, capsys):
+    """--at STEP: eval-at, the evaluation at that step; iteration, the mean of the training episodes that ended in
+    the 250k steps up to it (Dopamine's iteration); last-episodes and best-eval up to it. A run that has not reached
+    the step gives none (seed 2, at 300k, has no 500k value). By hand: seed 1's episodes at 10k, 20k, ... 600k are
+    worth their step in thousands, so those ended in (250k, 500k] average 380, in (0, 250k] 130, and its last 3 up to
+    500k 490; its evaluations 1, 2, 3 at 250k, 500k, 750k; seed 2's evaluation at 250k is 5 and its episodes in
+    (0, 250k] average 4."""
+    runs = tmp_path / "runs"
+    write_run(runs, "per_dqn", "Breakout", 1, [(250_000, 1.0), (500_000, 2.0), (750_000, 3.0)], eval_return=3.0,
+              steps=750_000, training=[(10_000 * i, float(10 * i)) for i in range(1, 61)])
+    write_run(runs, "per_dqn", "Breakout", 2, [(250_000, 5.0)], eval_return=5.0, steps=300_000,
+              training=[(100_000, 3.0), (200_000, 5.0)])
+    expected = [("eval-at", "250000", "2", "3.0 ± 2.8"), ("eval-at", "500000", "1", "2.0 ± 0.0"),
+                ("iteration", "500000", "1", "380.0 ± 0.0"), ("iteration", "250000", "2", "67.0 ± 89.1"),
+                ("last-episodes", "500000", "1", "490.0 ± 0.0"), ("best-eval", "500000", "1", "2.0 ± 0.0")]
+    for metric, at, seeds, value in expected:
+        argv = ["table", str(runs), "--metric", metric, "--at", at] + (["--episodes", "3"] if "last" in metric else [])
+        assert run.main(argv) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[2].split(" | ")[2:4] == [seeds, value], (metric, at, lines)
+        assert at in lines[0]
+    with pytest.raises(SystemExit, match="--metric iteration needs --at STEP"):
+        run.main(["table", str(runs), "--metric", "iteration"])
+    with pytest.raises(SystemExit, match="--at must be >= 1 and goes with"):
+        run.main(["table", str(runs), "--metric", "final", "--at", "5"])
+
+
 def test_plot_splits_by_a_config_key_and_smooths_each_run_before_averaging(tmp_path):
     write_run(tmp_path, "per_dqn", "CartPole-v1", 1, [(0, 0.0), (100, 10.0), (200, 20.0), (300, 30.0)],
               config={"alpha": 2})
