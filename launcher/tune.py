@@ -5,6 +5,11 @@ and the tune's report (table, figure, best config) trials.py's, successive halvi
 Rounds: the trials of a round are asked together (Optuna's ask), trained together (rung by rung with halving), then
 told; the sampler of a round is created afresh, seeded with (the tune's sampler seed, the round's first trial
 number), so a tune stopped and continued asks exactly what the same tune never stopped asks.
+
+The record (<tune dir>/rounds.json, written whole or not at all): each round's trials as they were asked (settings
+and the sampler's attributes), written before any of them enters the study, and each rung's decision (the trials
+alive there, their values, those kept), written when it is taken. A tune killed at any moment continues from it: the
+rest of a round's trials enter the study as asked, a decided rung is read back, never decided again.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from launcher import ROOT, fail, halving, say, sweeps, yaml_value
+from launcher import ROOT, fail, halving, say, sweeps, write_whole, yaml_value
 from launcher.jobs import Job, LocalJobs, RayJobs, run_jobs
 from launcher.results import finished, summary_in
 from launcher.space import args_class, distributions, optuna_module, space_from
@@ -63,6 +68,46 @@ def signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def rounds_of(tune_dir: Path) -> dict[str, Any]:
+    """The tune's record of its rounds (rounds.json): by a round's first trial number, its trials as asked and its
+    rungs' decisions."""
+    path = tune_dir / "rounds.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def record_round(tune_dir: Path, first: int, **entries: Any) -> None:
+    rounds = rounds_of(tune_dir)
+    rounds.setdefault(str(first), {}).update(entries)
+    write_whole(tune_dir / "rounds.json", json.dumps(rounds, indent=1))
+
+
+def asked_round(study, sampler, dists: dict[str, Any], count: int) -> dict[str, Any]:
+    """The next `count` trials as `sampler` asks them of `study`, asked of a copy held in memory, so that nothing
+    enters the study until the round is recorded: {"trials": each one's params and sampler attributes, "study_attrs":
+    the sampler's attributes of the study (QMC's place in its sequence, ...)}."""
+    optuna = optuna_module()
+    scratch = optuna.create_study(direction="maximize", sampler=sampler)
+    scratch.add_trials(study.get_trials(deepcopy=False))
+    for key, value in study._storage.get_study_system_attrs(study._study_id).items():
+        scratch._storage.set_study_system_attr(scratch._study_id, key, value)
+    asked = [scratch.ask(dists) for _ in range(count)]
+    trials = scratch.get_trials(deepcopy=False)[-count:]
+    assert [t.number for t in trials] == [t.number for t in asked]
+    return {"trials": [{"params": t.params, "system_attrs": t.system_attrs} for t in trials],
+            "study_attrs": scratch._storage.get_study_system_attrs(scratch._study_id)}
+
+
+def enter_round(study, first: int, asked: dict[str, Any], dists: dict[str, Any]) -> None:
+    """The recorded trials of a round that are not yet in the study enter it, each in one write, as asked."""
+    optuna = optuna_module()
+    for key, value in asked["study_attrs"].items():
+        study._storage.set_study_system_attr(study._study_id, key, value)
+    for trial in asked["trials"][len(study.get_trials(deepcopy=False)) - first:]:
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.RUNNING, params=trial["params"], system_attrs=trial["system_attrs"],
+            distributions={key: dists[key] for key in trial["params"]}, user_attrs={"round": first}))
 
 
 def trial_packs(trials: list[tuple[int, dict[str, Any]]], seeds: list[int], size: int,
@@ -169,27 +214,41 @@ def run_round(study, first: int, record: dict[str, Any], steps: list[int], backe
     def trials_now() -> dict[int, Any]:
         return {t.number: t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("round") == first}
 
+    def prune(numbers: set[int]) -> None:
+        with signals_held():
+            for n in sorted(numbers):
+                if trials[n].state == states.RUNNING:
+                    study.tell(n, state=states.PRUNED)
+
     trials = trials_now()
     first_packs = trial_packs([(n, t.params) for n, t in trials.items()], seeds, record["num_seeds"],
                               packable_keys(script))
-    alive, previous = {n for n, t in trials.items() if t.state != states.FAIL}, [None] * len(first_packs)
+    decided = rounds_of(tune_dir).get(str(first), {}).get("rungs", [])
+    alive = set(trials)
     for r, step in enumerate(steps):
         final, trials = r == len(steps) - 1, trials_now()
+        if r < len(decided):  # decided before a stop: read back, never decided again from what is left now
+            keep = decided[r]["kept"]
+            prune(set(decided[r]["alive"]) - set(keep))  # those a kill kept from being told
+            say(f"rung {r + 1}/{len(steps)} at step {step}: {len(keep)} of {len(decided[r]['alive'])} trials went on "
+                f"({' '.join(map(str, keep))}), as recorded")
+            alive = set(keep)
+            continue
+        entered = alive = {n for n in alive if trials[n].state != states.FAIL}  # FAIL: told here before a stop
         packs = halving.rung_packs(first_packs, alive)
-        names = [None if members is None else
-                 [trial_run_name(record["env"], record["algo"], m["trial"], m["seed"], tune_id) for m in members]
-                 for members in packs]
         missing = sorted(n for n in alive if (trials[n].value if final else trials[n].intermediate_values.get(step))
                          is None)
         if missing:
             stop, jobs = [] if final else ["--stop-step", str(step)], []
-            for members, previous_names in zip(packs, previous, strict=True):
+            for members, whole in zip(packs, first_packs, strict=True):
                 if members is None:
                     continue
                 [job] = trial_jobs([members], record["env"], record["algo"], tune_id, tune_dir / "logs", common)
                 if all(halving.reached(runs_dir / name, step, final) for name in job.names):
                     continue
-                argv = halving.resume_argv(job.names, previous_names, runs_dir, stop)
+                holders = [trial_run_name(record["env"], record["algo"], m["trial"], m["seed"], tune_id)
+                           for m in whole]
+                argv = halving.resume_argv(job.names, holders, runs_dir, stop, steps[r - 1] if r else 0, step)
                 for name in job.names if argv is None else []:  # the scripts refuse an existing run directory
                     shutil.rmtree(runs_dir / name, ignore_errors=True)
                 job.argv = job.argv + stop if argv is None else argv
@@ -221,15 +280,16 @@ def run_round(study, first: int, record: dict[str, Any], steps: list[int], backe
                 say(f"trial {n}{'' if final else f' at step {step}'}: {result} | {settings}")
         if not final:
             trials = trials_now()
-            keep = halving.kept({n: trials[n].intermediate_values[step] for n in alive}, record.get("eta", 2))
-            with signals_held():
-                for n in sorted(alive - set(keep)):
-                    if trials[n].state == states.RUNNING:
-                        study.tell(n, state=states.PRUNED)
+            values = {n: trials[n].intermediate_values[step] for n in alive if trials[n].state != states.FAIL}
+            keep = halving.kept(values, record.get("eta", 2))
+            with signals_held():  # the decision is recorded before any trial is told it
+                record_round(tune_dir, first, rungs=[*decided[:r], {"step": step, "alive": sorted(entered),
+                                                                    "values": values, "kept": keep}])
+            decided = rounds_of(tune_dir)[str(first)]["rungs"]
+            prune(alive - set(keep))
             say(f"rung {r + 1}/{len(steps)} at step {step}: {len(keep)} of {len(alive)} trials go on "
                 f"({' '.join(map(str, keep))}), the others are pruned")
             alive = set(keep)
-        previous = names
     return "ok"
 
 
@@ -247,7 +307,7 @@ def run_tune(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             fail(f"{tune_dir} has no readable tune.json ({e}); give runs/<tune id> as a tune wrote it")
         record["trials"] = args.trials or record["trials"]
-        (tune_dir / "tune.json").write_text(json.dumps(record, indent=1))
+        write_whole(tune_dir / "tune.json", json.dumps(record, indent=1))
     else:
         record, tune_dir = new_tune(args)
     script, runs_dir, tune_id = sweeps.ALGOS / f"{record['algo']}.py", tune_dir.parent, record["tune_id"]
@@ -274,19 +334,25 @@ def run_tune(args: argparse.Namespace) -> int:
 
     try:
         while True:
-            trials = study.get_trials(deepcopy=False)
+            trials, rounds = study.get_trials(deepcopy=False), rounds_of(tune_dir)
             running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-            if running:  # a round that was stopped: its trials as they were asked, its runs where they stopped
+            entering = [int(f) for f, r in rounds.items() if "asked" in r and
+                        int(f) + len(r["asked"]["trials"]) > len(trials)]
+            if entering:  # a round recorded as asked, not all in the study yet (a kill came in between)
+                first = entering[0]
+            elif running:  # a round that was stopped: its trials as they were asked, its runs where they stopped
                 first = running[0].user_attrs["round"]
             elif len(trials) >= record["trials"]:
                 break
             else:
                 first = len(trials)
                 sampler = sampler_named(record["sampler"], round_seed(record["sampler_seed"], first))
-                asking = optuna.load_study(study_name=tune_id, storage=storage, sampler=sampler)
                 with signals_held():
-                    for _ in range(min(record["round"], record["trials"] - first)):
-                        asking.ask(distributions(space)).set_user_attr("round", first)
+                    record_round(tune_dir, first, asked=asked_round(
+                        study, sampler, distributions(space), min(record["round"], record["trials"] - first)))
+            if "asked" in rounds_of(tune_dir).get(str(first), {}):
+                with signals_held():
+                    enter_round(study, first, rounds_of(tune_dir)[str(first)]["asked"], distributions(space))
             outcome = run_round(study, first, record, steps, backend, args.jobs or (1 if not args.ray else 10**6),
                                 tune_dir, common)
             if outcome == "failed":

@@ -279,3 +279,177 @@ def test_halving_continues_the_best_trials_as_smaller_packs_each_equal_to_its_ru
                        capture_output=True)
         [member] = (tmp_path / "alone").glob(f"CartPole-v1__dqn__trial={best}__{seed}__*")
         assert_same(outcome(member), outcome(tmp_path / "runs" / f"alone{seed}"), episodes=2)
+
+
+# ---------------------------------------------------------------- a tune's record: failures, stops and kills
+
+class ScriptedJobs:
+    """Jobs that do at once what the script would leave behind (summary.json, a pack's checkpoint.pt): a run's
+    evaluation return at a step is `value(trial, step)`; `outcome(job, step)` may say a job fails ("fail") or is
+    stopped by a signal ("stop") instead. Every job's arguments are kept, to check how each pack went on."""
+
+    grace_s = 0.0
+
+    def __init__(self, runs_dir: Path, total: int, value, outcome=lambda job, step: "ok"):
+        self.runs_dir, self.total, self.value, self.outcome, self.argvs = runs_dir, total, value, outcome, []
+
+    def start(self, job) -> None:
+        import torch
+
+        argv, self.argvs = job.argv, [*self.argvs, job.argv]
+        step = int(argv[argv.index("--stop-step") + 1]) if "--stop-step" in argv else self.total
+        if argv[0] == "--resume":  # the pack it goes on from holds every member, saved before this rung
+            held = torch.load(self.runs_dir / argv[1].removeprefix("runs/") / "checkpoint.pt", weights_only=True)
+            assert set(job.names) <= set(held["dirs"]) and held["counts"][0] < step, (argv, held)
+        job.handle = self.outcome(job, step)
+        if job.handle == "fail":
+            return
+        for name, member in zip(job.names, job.members, strict=True):
+            value = self.value(member["trial"], step)
+            (self.runs_dir / name).mkdir(parents=True, exist_ok=True)
+            summary = {"global_step": step, "eval_returns": [value], "eval_return_mean": value,
+                       "interrupted": step < self.total}
+            if job.handle != "stop":
+                (self.runs_dir / name / "summary.json").write_text(json.dumps(summary))
+        if job.handle != "stop":
+            torch.save({"dirs": job.names, "counts": [step]}, self.runs_dir / job.names[0] / "checkpoint.pt")
+
+    def returncode(self, job) -> int | None:
+        if job.handle == "stop":
+            job.handle = "stopping"
+            raise KeyboardInterrupt  # as Ctrl-C reaches the launcher while the job trains
+        return {"fail": 1, "stopping": 130}.get(job.handle, 0)
+
+    def interrupt(self, job) -> None:
+        pass
+
+    def kill(self, job) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def scripted_tune(tmp_path: Path, monkeypatch, jobs: ScriptedJobs, *argv: str) -> int:
+    monkeypatch.setattr(tune, "LocalJobs", lambda *_: jobs)
+    return run.main(["tune", *argv, "--runs-dir", str(tmp_path / "runs")])
+
+
+def test_a_halving_tune_whose_process_failed_then_stopped_continues_from_its_recorded_decisions(tmp_path,
+                                                                                                monkeypatch):
+    """4 trials, one process each, rungs at 1000, 2000 and 4000 steps: trials 1 and 2 go on from the first rung. At
+    the second, trial 1's process fails; the tune is stopped while trial 2 trains to the end. Continued, the first
+    rung's decision is the one taken (not taken again over trials 0, 2 and 3, which would revive the pruned trial 0):
+    trial 2 goes on from its checkpoint to the end, 0 and 3 stay pruned, 1 failed."""
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 4000})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    rung_one = {0: 10.0, 1: 30.0, 2: 20.0, 3: 5.0}
+
+    def value(trial: int, step: int) -> float:
+        return rung_one[trial] + step / 1000
+
+    def outcome(job, step: int) -> str:
+        trial = job.members[0]["trial"]
+        return {(1, 2000): "fail", (2, 4000): "stop"}.get((trial, step), "ok")
+
+    argv = [str(config), "--space", str(space), "--trials", "4", "--seeds", "1", "--round", "4", "--rungs", "3",
+            "--sampler", "random"]
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 4000, value, outcome), *argv) == 130
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert [state for _, state, _, _ in study_trials(tune_dir)] == ["PRUNED", "FAIL", "RUNNING", "PRUNED"]
+    jobs = ScriptedJobs(tmp_path / "runs", 4000, value)
+    assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir)) == 0
+    trials = study_trials(tune_dir)
+    assert [state for _, state, _, _ in trials] == ["PRUNED", "FAIL", "COMPLETE", "PRUNED"]
+    assert trials[2][3] == value(2, 4000)
+    assert jobs.argvs == [["--resume", f"runs/CartPole-v1__dqn__trial=2__1__{tune_dir.name}"]]
+    rounds = json.loads((tune_dir / "rounds.json").read_text())
+    assert rounds["0"]["rungs"][0] == {"step": 1000, "alive": [0, 1, 2, 3], "kept": [1, 2],
+                                       "values": {str(n): v + 1 for n, v in rung_one.items()}}
+
+
+def killed_with_its_jobs(proc: subprocess.Popen) -> None:
+    """SIGKILL to a process and every process under it at once, as a machine that loses power: nothing saves."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with __import__("contextlib").suppress(OSError, IndexError, ValueError):
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(stat.parent.name))
+        return found
+
+    frozen, todo = [], [proc.pid]
+    while todo:  # frozen first, so that none starts another process while the tree is read
+        pid = todo.pop()
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+            todo.extend(children(pid))
+    for pid in frozen:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_halving_tune_killed_at_random_moments_continues_to_the_trials_and_values_of_one_never_stopped(tmp_path):
+    """4 trials on seed 1 in packs of 2 (rounds of 2), 3000 steps, rungs at 1500 and 3000: one tune left alone; one
+    killed with SIGKILL, jobs and all, at three random moments (each after a share of the time the whole tune takes),
+    each time continued with --resume. Both end with the same trials, states and values."""
+    import random
+
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 3000, "eval_frequency": 1500})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [config, "--space", space, "--trials", "4", "--seeds", "1", "--num-seeds", "2", "--rungs", "2"]
+    start = time.time()
+    finished(tune_process(*argv, "--runs-dir", tmp_path / "alone", cwd=tmp_path))
+    took = time.time() - start
+    [alone_dir] = (tmp_path / "alone").glob("tiny__tune__*")
+    moments = random.Random(59).sample(range(5, 35), 3)  # percent of the time the tune takes alone, from each start
+    proc = tune_process(*argv, "--runs-dir", tmp_path / "killed", cwd=tmp_path)
+    for percent in moments:
+        time.sleep(took * percent / 100)
+        assert proc.poll() is None, "the tune ended before it was killed: " + proc.communicate()[0]
+        killed_with_its_jobs(proc)
+        [tune_dir] = (tmp_path / "killed").glob("tiny__tune__*")
+        proc = tune_process("--resume", tune_dir, cwd=tmp_path)
+    finished(proc)
+    assert study_trials(tune_dir) == study_trials(alone_dir)
+    assert sorted(state for _, state, _, _ in study_trials(alone_dir)) == ["COMPLETE"] * 2 + ["PRUNED"] * 2
+
+
+def test_a_tune_killed_while_a_round_enters_the_study_continues_to_the_trials_of_one_never_stopped(tmp_path,
+                                                                                                  monkeypatch):
+    """Rounds of 2 trials (TPE): a tune killed between the two trials of its second round entering the study, then
+    continued, asks and scores the same 4 trials as one never stopped (no round cut short, none asked again)."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [str(config), "--space", str(space), "--trials", "4", "--seeds", "1", "--round", "2"]
+
+    def value(trial: int, step: int) -> float:
+        return float(trial % 3)
+
+    assert scripted_tune(tmp_path / "alone", monkeypatch, ScriptedJobs(tmp_path / "alone" / "runs", 1500, value),
+                         *argv) == 0
+
+    class Killed(BaseException):
+        pass
+
+    optuna, created = tune.optuna_module(), []
+    create_new_trial = optuna.storages.RDBStorage._create_new_trial  # each trial entering the study, in one write
+
+    def killed_at_the_fourth(self, *args, **kwargs):
+        created.append(1)
+        if len(created) == 4:
+            raise Killed
+        return create_new_trial(self, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(optuna.storages.RDBStorage, "_create_new_trial", killed_at_the_fourth)
+        with pytest.raises(Killed):
+            scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value), *argv)
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert len(study_trials(tune_dir)) == 3
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value),
+                         "--resume", str(tune_dir)) == 0
+    [alone_dir] = (tmp_path / "alone" / "runs").glob("tiny__tune__*")
+    assert study_trials(tune_dir) == study_trials(alone_dir)
