@@ -38,6 +38,19 @@ def rung_steps(total: int, rungs: int, eta: int) -> list[int]:
     return steps
 
 
+def round_checked(asked: int | None, default: int, trials: int, rungs: int, eta: int) -> int:
+    """The trials a round of halving asks: --round (`asked`) or the default raised to eta**(rungs - 1), so that each
+    rung keeps fewer trials than it had; a round or a tune too small for that is refused in one line."""
+    needed = eta ** (rungs - 1)
+    if asked is not None and asked < needed:
+        fail(f"--round {asked} is too small for --rungs {rungs} with --eta {eta}: a round needs {needed} trials or "
+             f"more (each rung keeps 1 in {eta}), or use fewer rungs")
+    if trials < needed:
+        fail(f"--trials {trials} is too few for --rungs {rungs} with --eta {eta}: halving needs {needed} trials or "
+             "more, or fewer rungs")
+    return asked or max(default, needed)
+
+
 def kept(values: dict[int, float], eta: int) -> list[int]:
     """The trials that go on from a rung: the best ceil(n / eta) by value (a tie: the earlier trial), in order."""
     best = sorted(values, key=lambda number: (-values[number], number))[:math.ceil(len(values) / eta)]

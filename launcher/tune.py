@@ -33,8 +33,21 @@ from launcher.space import args_class, distributions, optuna_module, space_from
 from launcher.sweeps import LAUNCHER_KEYS, config_and_script, flags_from, overrides_from, packable_keys
 from launcher.trials import OBJECTIVES, best_config, objective, text, trials_figure, trials_table
 
+TUNE_KEYS = LAUNCHER_KEYS | {  # what run.py tune sets itself, beyond what every launch sets
+    "stop_step": "--rungs pauses the runs at each rung", "members": "--rungs cuts the packs at each rung",
+    "evaluate": "run.py evaluate evaluates trained runs", "schedule_start": "a resumed run's own",
+}
+SPACE_REFUSED = {  # settings a trial may not change: why
+    "total_timesteps": "every trial trains the same budget (the rungs are its fractions): --set total_timesteps=N",
+    "stop_return": "it stops a run early, so its final evaluation would not be the trial's",
+}
 SHORT_NAMES = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "gp": "GPSampler",
                "qmc": "QMCSampler", "nsgaii": "NSGAIISampler"}
+
+
+def refused_in_space() -> dict[str, str]:
+    """The settings a space may not search: why, as its one-line error says it."""
+    return {key: f"run.py tune sets {key} itself ({how})" for key, how in TUNE_KEYS.items()} | SPACE_REFUSED
 
 
 def sampler_named(name: str, seed: int):
@@ -168,32 +181,45 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         fail("run.py tune needs a config (or --resume runs/<tune id> to continue a tune)")
     config, script = config_and_script(args.config)
     overrides = overrides_from(args.set)
+    for key in overrides:
+        if key in TUNE_KEYS:
+            fail(f"--set {key}=...: run.py tune sets {key} itself ({TUNE_KEYS[key]})")
     space = args.space or ROOT / "configs" / script.stem / "spaces" / "default.yaml"
-    space_from(space, args_class(script), LAUNCHER_KEYS)
+    space_from(space, args_class(script), refused_in_space())
     sampler_named(args.sampler, 0)
     if args.trials is None or args.trials < 1:
         fail(f"--trials must be >= 1, got {args.trials}")
     for name in ("num_seeds", "jobs", "round"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if "num_seeds" in config:
-        fail(f"config {args.config} sets num_seeds, which run.py sets itself; use --num-seeds")
-    if {**config, **overrides}.get("stop_return") is not None:
+    for key in config:  # a run's own (seed, run_name) are overridden; these would change what the runs do
+        if key in ("num_seeds", "pack", "resume", "stop_step", "members", "evaluate", "schedule_start"):
+            fail(f"config {args.config} sets {key}, which run.py tune sets itself; drop it")
+    settings = config | {k: yaml_value(v) for k, v in overrides.items()}
+    if settings.get("stop_return") is not None:
         fail("stop_return stops a run early, so its final evaluation would not be the trial's: drop it")
-    halving.rung_steps(budget(script, config | {k: yaml_value(v) for k, v in overrides.items()}), args.rungs, args.eta)
+    halving.rung_steps(budget(script, settings), args.rungs, args.eta)
+    seeds = list(dict.fromkeys(args.seeds))
+    round_size = args.round or (args.jobs or 1) * max(1, args.num_seeds // len(seeds))
+    if args.rungs > 1:
+        round_size = halving.round_checked(args.round, round_size, args.trials, args.rungs, args.eta)
+        from envs.make import is_atari  # gymnasium and the games: only for a tune
+
+        if args.num_seeds > 1 and is_atari(str(settings.get("env") or "")):
+            fail(f"successive halving cuts packs, and a pack of Atari games cannot be cut (its emulators' state "
+                 f"cannot be saved): tune {settings['env']} with --num-seeds 1, or without --rungs")
     runs_dir = Path(args.runs_dir).resolve()
     stamp = int(time.time())
     while (runs_dir / f"{args.config.stem}__tune__{stamp}").exists():
         stamp += 1
     tune_id = f"{args.config.stem}__tune__{stamp}"
     (runs_dir / tune_id / "logs").mkdir(parents=True)
-    seeds = list(dict.fromkeys(args.seeds))
     record = {"tune_id": tune_id, "algo": script.stem, "env": str(config.get("env") or "default"),
               "config": str(args.config.resolve()), "config_text": args.config.read_text(),
               "space": str(Path(space).resolve()), "space_text": Path(space).read_text(), "set": overrides,
               "seeds": seeds, "num_seeds": args.num_seeds, "objective": args.objective, "sampler": args.sampler,
               "sampler_seed": args.sampler_seed, "trials": args.trials,
-              "round": args.round or (args.jobs or 1) * max(1, args.num_seeds // len(seeds)),
+              "round": round_size,
               "rungs": args.rungs, "eta": args.eta}
     (runs_dir / tune_id / "tune.json").write_text(json.dumps(record, indent=1))
     (runs_dir / tune_id / Path(record["config"]).name).write_text(record["config_text"])
@@ -311,7 +337,7 @@ def run_tune(args: argparse.Namespace) -> int:
     else:
         record, tune_dir = new_tune(args)
     script, runs_dir, tune_id = sweeps.ALGOS / f"{record['algo']}.py", tune_dir.parent, record["tune_id"]
-    space = space_from(tune_dir / "space.yaml", args_class(script), LAUNCHER_KEYS)
+    space = space_from(tune_dir / "space.yaml", args_class(script), refused_in_space())
     config = tune_dir / Path(record["config"]).name
     settings = (yaml.safe_load(record["config_text"]) or {}) | {k: yaml_value(v) for k, v in record["set"].items()}
     steps = halving.rung_steps(budget(script, settings), record.get("rungs", 1), record.get("eta", 2))

@@ -95,6 +95,60 @@ def test_every_error_of_a_space_file_is_one_line_naming_the_file_the_key_and_wha
         "to what to try, e.g. learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
 
 
+REFUSED = {  # case: (the config's values beyond TINY, the space beyond SPACE, more arguments, the line)
+    "halving a round too small": ({}, {}, ["--rungs", "3", "--round", "2"],
+                                  "--round 2 is too small for --rungs 3 with --eta 2: a round needs 4 trials or more"),
+    "halving too few trials": ({}, {}, ["--rungs", "4", "--trials", "4"],
+                               "--trials 4 is too few for --rungs 4 with --eta 2: halving needs 8 trials or more"),
+    "halving atari packs": ({"env": "PongNoFrameskip-v4"}, {}, ["--rungs", "2", "--num-seeds", "2"],
+                            "successive halving cuts packs, and a pack of Atari games cannot be cut"),
+    "int log and step": ({}, {"batch_size": {"type": "int", "low": 100, "high": 1000, "log": True, "step": 100}}, [],
+                         "batch_size: an int takes log or step, not both"),
+    "set stop_step": ({}, {}, ["--set", "stop_step=500"], "--set stop_step=...: run.py tune sets stop_step itself"),
+    "set members": ({}, {}, ["--set", "members=a"], "--set members=...: run.py tune sets members itself"),
+    "set resume": ({}, {}, ["--set", "resume=runs/x"], "--set resume=...: run.py sets resume itself"),
+    "set evaluate": ({}, {}, ["--set", "evaluate=runs/x"], "--set evaluate=...: run.py tune sets evaluate itself"),
+    "config stop_step": ({"stop_step": 500}, {}, [], "sets stop_step, which run.py tune sets itself"),
+    "space total_timesteps": ({}, {"total_timesteps": {"type": "int", "low": 1000, "high": 2000}}, [],
+                              "total_timesteps: every trial trains the same budget"),
+    "space stop_return": ({}, {"stop_return": {"type": "float", "low": 100, "high": 200}}, [],
+                          "stop_return: it stops a run early"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_tune_it_could_not_finish_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                      case):
+    """What a tune would accept and then fail on after training (or halve nothing while announcing halving) is
+    refused up front in one line naming what is wrong (the file and the key for the space and the config); no tune
+    directory is written."""
+    values, keys, more, message = REFUSED[case]
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | values)
+    space = write_yaml(tmp_path / "space.yaml", SPACE | keys)
+    where = f"space {space}: " if keys else f"config {config} " if values and "env" not in values else ""
+
+    def trains(*_):
+        raise AssertionError("the tune went on to train")
+
+    monkeypatch.setattr(tune, "LocalJobs", trains)
+    with pytest.raises(SystemExit, match="^" + re.escape(f"error: {where}{message}")):
+        run.main(["tune", str(config), "--space", str(space), "--trials", "8", "--seeds", "1", *more, "--runs-dir",
+                  str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_halving_asks_rounds_big_enough_to_halve(tmp_path, monkeypatch):
+    """--rungs 3 with one trial a process and one process at a time: a round is 4 trials (not --jobs x 1), so each
+    rung keeps half the trials."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "4", "--seeds",
+                         "1", "--rungs", "3", "--sampler", "random") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert json.loads((tune_dir / "tune.json").read_text())["round"] == 4
+    assert sorted(state for _, state, _, _ in study_trials(tune_dir)) == ["COMPLETE"] + ["PRUNED"] * 3
+
+
 def test_the_spaces_in_configs_are_valid_and_a_sampler_is_found_by_name(tmp_path):
     for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
         script = ROOT / "algos" / f"{algo}.py"
