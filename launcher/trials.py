@@ -27,6 +27,8 @@ def objective(returns: list[float], how: str) -> float:
 
 def text(value: Any) -> str:
     """A setting's value as the command line and --pack read it back exactly (a float: its repr)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)

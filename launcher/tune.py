@@ -126,10 +126,12 @@ def enter_round(study, first: int, asked: dict[str, Any], dists: dict[str, Any])
 def trial_packs(trials: list[tuple[int, dict[str, Any]]], seeds: list[int], size: int,
                 packable: set[str]) -> list[list[dict[str, Any]]]:
     """Every (trial, seed) run as a member {"trial", "seed", **its settings}, in packs of at most `size` members
-    whose members share every setting outside `packable` (trials in order, a trial's seeds one after another)."""
+    whose members share every setting outside `packable`, and for those in it whether it is null (a script refuses a
+    pack whose members have a setting some with a value and some without); trials in order, a trial's seeds one
+    after another."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for number, params in trials:
-        shared = repr(sorted((key, value) for key, value in params.items() if key not in packable))
+        shared = repr(sorted((key, value is None if key in packable else value) for key, value in params.items()))
         groups.setdefault(shared, []).extend({"trial": number, "seed": seed, **params} for seed in seeds)
     return [runs[start:start + size] for runs in groups.values() for start in range(0, len(runs), size)]
 
