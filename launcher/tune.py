@@ -280,6 +280,7 @@ def run_round(study, first: int, record: dict[str, Any], steps: list[int], backe
                 for name in job.names if argv is None else []:  # the scripts refuse an existing run directory
                     shutil.rmtree(runs_dir / name, ignore_errors=True)
                 job.argv = job.argv + stop if argv is None else argv
+                job.reads = [] if argv is None else [name for name in holders if (runs_dir / name).is_dir()]
                 jobs.append(job)
             rung = "" if len(steps) == 1 else f", rung {r + 1}/{len(steps)} (to step {step})"
             say(f"round of trials {min(trials)}-{max(trials)}{rung}: {sum(len(j.names) for j in jobs)} run(s) in "

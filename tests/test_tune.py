@@ -370,9 +370,11 @@ class ScriptedJobs:
 
         argv, self.argvs = job.argv, [*self.argvs, job.argv]
         step = int(argv[argv.index("--stop-step") + 1]) if "--stop-step" in argv else self.total
-        if argv[0] == "--resume":  # the pack it goes on from holds every member, saved before this rung
+        if argv[0] == "--resume":  # the pack it goes on from holds every member, saved before this rung, and the
+            # job names every directory of that pack (a Ray task is shipped those)
             held = torch.load(self.runs_dir / argv[1].removeprefix("runs/") / "checkpoint.pt", weights_only=True)
             assert set(job.names) <= set(held["dirs"]) and held["counts"][0] < step, (argv, held)
+            assert set(held["dirs"]) <= set(job.shipped), (job.shipped, held)
         job.handle = self.outcome(job, step)
         if job.handle == "fail":
             return
@@ -525,3 +527,23 @@ def test_a_tune_killed_while_a_round_enters_the_study_continues_to_the_trials_of
                          "--resume", str(tune_dir)) == 0
     [alone_dir] = (tmp_path / "alone" / "runs").glob("tiny__tune__*")
     assert study_trials(tune_dir) == study_trials(alone_dir)
+
+
+@pytest.mark.slow
+def test_halving_on_ray_ships_each_task_the_pack_it_is_cut_from(tmp_path, monkeypatch):
+    """Two trials in one pack on a local Ray, --rungs 2: the second rung's task resumes the kept trial's member from
+    the pack's checkpoint, which needs the pack's every directory beside it; the trial ends as on this machine."""
+    ray = pytest.importorskip("ray")
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [str(config), "--space", str(space), "--trials", "2", "--seeds", "1", "--num-seeds", "2", "--rungs", "2",
+            "--sampler", "random"]
+    monkeypatch.chdir(tmp_path)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert run.main(["tune", *argv, "--ray", "local", "--runs-dir", str(tmp_path / "ray")]) == 0
+    finally:
+        ray.shutdown()
+    assert run.main(["tune", *argv, "--runs-dir", str(tmp_path / "here")]) == 0
+    [on_ray], [here] = (tmp_path / "ray").glob("tiny__tune__*"), (tmp_path / "here").glob("tiny__tune__*")
+    assert study_trials(on_ray) == study_trials(here)
+    assert sorted(state for _, state, _, _ in study_trials(here)) == ["COMPLETE", "PRUNED"]
