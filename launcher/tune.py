@@ -41,6 +41,10 @@ SPACE_REFUSED = {  # settings a trial may not change: why
     "total_timesteps": "every trial trains the same budget (the rungs are its fractions): --set total_timesteps=N",
     "stop_return": "it stops a run early, so its final evaluation would not be the trial's",
 }
+ASKED = {  # the options a tune is asked with (tune.json), and their defaults; --resume takes them as they were
+    "seeds": [1, 2, 3], "num_seeds": 1, "objective": "mean-std", "sampler": "tpe", "sampler_seed": 0, "round": None,
+    "rungs": 1, "eta": 2, "space": None, "set": [], "runs_dir": "runs",
+}
 SHORT_NAMES = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "gp": "GPSampler",
                "qmc": "QMCSampler", "nsgaii": "NSGAIISampler"}
 
@@ -65,10 +69,16 @@ def sampler_named(name: str, seed: int):
         fail(f"--sampler {name}: it needs more than a seed to start ({e}); pick another")
 
 
-def round_seed(seed: int, first_trial: int) -> int:
-    """The seed of the sampler that asks a round's trials, from the tune's seed and the round's first trial."""
+def round_seed(name: str, seed: int, first_trial: int) -> int:
+    """The seed of the sampler that asks a round's trials. A sequence sampler (QMC) keeps its place in its sequence in
+    the study, under its seed: the tune's own seed, so each round goes on along one sequence. Any other gets a seed of
+    the round's own, from the tune's seed and the round's first trial (with the same seed in each round, a sampler
+    would ask every round the same trials before it learns anything); CMA-ES, GP and TPE keep what they learnt in the
+    study's trials, so a sampler created afresh goes on from it, with the round's random draws."""
     import numpy as np
 
+    if SHORT_NAMES.get(name.lower(), name) == "QMCSampler":
+        return seed
     return int(np.random.SeedSequence([seed, first_trial]).generate_state(1)[0])
 
 
@@ -181,6 +191,9 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """A new tune's record (tune.json) and directory runs/<config stem>__tune__<unix time>, after every check."""
     if args.config is None:
         fail("run.py tune needs a config (or --resume runs/<tune id> to continue a tune)")
+    for name, default in ASKED.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     config, script = config_and_script(args.config)
     overrides = overrides_from(args.set)
     for key in overrides:
@@ -227,6 +240,28 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     (runs_dir / tune_id / Path(record["config"]).name).write_text(record["config_text"])
     (runs_dir / tune_id / "space.yaml").write_text(record["space_text"])
     return record, runs_dir / tune_id
+
+
+def same_as_asked(args: argparse.Namespace, record: dict[str, Any], tune_dir: Path) -> None:
+    """--resume continues a tune as it was asked: an option given again with another value is refused in one line."""
+    for name in ASKED:
+        given = getattr(args, name)
+        if given is None:
+            continue
+        if name == "space":
+            same, asked = Path(given).is_file() and Path(given).read_text() == record["space_text"], record["space"]
+        elif name == "set":
+            same, asked = overrides_from(given) == record["set"], " ".join(f"{k}={v}" for k, v in record["set"].items())
+        elif name == "runs_dir":
+            same, asked = Path(given).resolve() == tune_dir.parent, str(tune_dir.parent)
+        elif name == "seeds":
+            same, asked = list(dict.fromkeys(given)) == record["seeds"], " ".join(map(str, record["seeds"]))
+        else:
+            same, asked = given == record.get(name, ASKED[name]), record.get(name, ASKED[name])
+        if not same:
+            shown = " ".join(map(str, given)) if isinstance(given, list) else given
+            fail(f"--{name.replace('_', '-')} {shown}: the tune in {tune_dir} was asked with {asked or 'none'}, and "
+                 "--resume continues it as asked (only --trials, --jobs and --ray may change)")
 
 
 def run_round(study, first: int, record: dict[str, Any], steps: list[int], backend: LocalJobs | RayJobs,
@@ -335,6 +370,7 @@ def run_tune(args: argparse.Namespace) -> int:
             record = json.loads((tune_dir / "tune.json").read_text())
         except (OSError, ValueError) as e:
             fail(f"{tune_dir} has no readable tune.json ({e}); give runs/<tune id> as a tune wrote it")
+        same_as_asked(args, record, tune_dir)
         record["trials"] = args.trials or record["trials"]
         write_whole(tune_dir / "tune.json", json.dumps(record, indent=1))
     else:
@@ -375,7 +411,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 break
             else:
                 first = len(trials)
-                sampler = sampler_named(record["sampler"], round_seed(record["sampler_seed"], first))
+                sampler = sampler_named(record["sampler"], round_seed(record["sampler"], record["sampler_seed"], first))
                 with signals_held():
                     record_round(tune_dir, first, asked=asked_round(
                         study, sampler, distributions(space), min(record["round"], record["trials"] - first)))

@@ -547,3 +547,43 @@ def test_halving_on_ray_ships_each_task_the_pack_it_is_cut_from(tmp_path, monkey
     [on_ray], [here] = (tmp_path / "ray").glob("tiny__tune__*"), (tmp_path / "here").glob("tiny__tune__*")
     assert study_trials(on_ray) == study_trials(here)
     assert sorted(state for _, state, _, _ in study_trials(here)) == ["COMPLETE", "PRUNED"]
+
+
+def test_a_qmc_tune_asks_in_rounds_the_sequence_one_sampler_asks(tmp_path, monkeypatch):
+    """QMC in rounds of 2 trials: the 6 trials are the ones a single QMCSampler asks of one study, 2 at a time (each
+    round goes on along one sequence, not the start of a new one)."""
+    optuna = tune.optuna_module()
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "6", "--seeds",
+                         "1", "--round", "2", "--sampler", "qmc", "--sampler-seed", "7") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    one = optuna.create_study(direction="maximize", sampler=optuna.samplers.QMCSampler(seed=7))
+    for _ in range(3):
+        asked = [one.ask(tune.distributions(tune.space_from(space, tune.args_class(ROOT / "algos" / "dqn.py"), {})))
+                 for _ in range(2)]
+        for trial in asked:
+            one.tell(trial, float(trial.number))
+    assert [params for _, _, params, _ in study_trials(tune_dir)] == [t.params for t in one.get_trials()]
+
+
+def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_one_line(tmp_path, monkeypatch):
+    """--resume with --objective, --seeds, --space, --rungs, --eta (...) other than the tune's: one line, nothing run;
+    given again with the same values, the tune goes on."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "2", "--seeds",
+                         "1", "2", "--sampler", "random") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    other = write_yaml(tmp_path / "other.yaml", {"gamma": SPACE["gamma"]})
+    for option, asked in ((["--objective", "min"], "mean-std"), (["--seeds", "1", "3"], "1 2"),
+                          (["--space", str(other)], str(space)), (["--rungs", "2"], "1"), (["--eta", "3"], "2"),
+                          (["--num-seeds", "2"], "1"), (["--sampler", "tpe"], "random"),
+                          (["--set", "gamma=0.9"], "none")):
+        with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option[0]} {' '.join(option[1:])}: the tune in "
+                                                             f"{tune_dir} was asked with {asked}, and --resume")):
+            run.main(["tune", "--resume", str(tune_dir), *option])
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir), "--trials", "3", "--seeds", "1", "2",
+                         "--space", str(space), "--objective", "mean-std") == 0
+    assert len(study_trials(tune_dir)) == 3
