@@ -219,6 +219,27 @@ def test_a_setting_that_may_be_null_is_written_as_the_script_reads_it_and_never_
         assert [(run.td_lambda, run.tau) for run in runs] == [(m["td_lambda"], m["tau"]) for m in pack], job.argv
 
 
+def test_the_trials_figure_is_a_grid_naming_a_choice_by_its_values_with_the_settings_importances():
+    """Five settings: a grid of at most 3 panels a row (not one row 3240 pixels wide); a choice's axis names its
+    values (mse, huber; null, 0.9), not 0.0-1.0; a panel of Optuna's importances names every setting."""
+    optuna = tune.optuna_module()
+    space = SPACE | {"td_lambda": {"type": "choice", "choices": [None, 0.9]},
+                     "batch_size": {"type": "int", "low": 16, "high": 64}}
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for value in range(8):
+        study.tell(study.ask(tune.distributions(space)), float(value))
+    trials = study.get_trials()
+    fig = tune.trials_figure(trials, {t.number: [t.value - 1, t.value + 1] for t in trials}, "mean-std", space)
+    width, height = fig.get_size_inches() * 120
+    assert width <= 3 * 4.5 * 120 and height >= 2 * 3.5 * 120
+    fig.canvas.draw()
+    by_label = {ax.get_xlabel(): ax for ax in fig.axes}
+    assert [t.get_text() for t in by_label["loss"].get_xticklabels()] == ["mse", "huber"]
+    assert [t.get_text() for t in by_label["td_lambda"].get_xticklabels()] == ["null", "0.9"]
+    [importances] = [ax for ax in fig.axes if ax.get_title().startswith("importance")]
+    assert {t.get_text() for t in importances.get_yticklabels()} == set(space)
+
+
 # ---------------------------------------------------------------- tunes of the real script
 
 @pytest.mark.slow
