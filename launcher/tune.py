@@ -267,9 +267,10 @@ def same_as_asked(args: argparse.Namespace, record: dict[str, Any], tune_dir: Pa
 def run_round(study, first: int, record: dict[str, Any], steps: list[int], backend: LocalJobs | RayJobs,
               parallel: int, tune_dir: Path, common: list[str]) -> str:
     """The round of trials asked first at trial `first`: its trials x seeds as packs of jobs, rung by rung (one rung:
-    to the end; see halving.py), each trial told its value, pruned at a rung or failed. Returns "ok", "stopped" (a
-    signal: --resume goes on from the checkpoints) or "failed" (every process of a rung failed, a setting the script
-    refuses, say: the trials stay asked and --resume tries them again)."""
+    to the end; see halving.py), each trial told its value, pruned at a rung or failed; a rung decided before a stop
+    is read back from the record (rounds.json), never decided again. Returns "ok", "stopped" (a signal: --resume goes
+    on from the checkpoints) or "failed" (every process of a rung failed, a setting the script refuses, say: the
+    trials stay asked and --resume tries them again)."""
     optuna = optuna_module()
     states, how, seeds, tune_id = optuna.trial.TrialState, record["objective"], record["seeds"], record["tune_id"]
     runs_dir, script = tune_dir.parent, sweeps.ALGOS / f"{record['algo']}.py"
@@ -297,7 +298,8 @@ def run_round(study, first: int, record: dict[str, Any], steps: list[int], backe
                 f"({' '.join(map(str, keep))}), as recorded")
             alive = set(keep)
             continue
-        entered = alive = {n for n in alive if trials[n].state != states.FAIL}  # FAIL: told here before a stop
+        alive = {n for n in alive if trials[n].state != states.FAIL}  # FAIL: told here before a stop
+        entered = set(alive)  # the record's: a trial that fails in this rung entered it
         packs = halving.rung_packs(first_packs, alive)
         missing = sorted(n for n in alive if (trials[n].value if final else trials[n].intermediate_values.get(step))
                          is None)

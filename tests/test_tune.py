@@ -461,6 +461,7 @@ def test_a_halving_tune_whose_process_failed_then_stopped_continues_from_its_rec
     rounds = json.loads((tune_dir / "rounds.json").read_text())
     assert rounds["0"]["rungs"][0] == {"step": 1000, "alive": [0, 1, 2, 3], "kept": [1, 2],
                                        "values": {str(n): v + 1 for n, v in rung_one.items()}}
+    assert rounds["0"]["rungs"][1] == {"step": 2000, "alive": [1, 2], "kept": [2], "values": {"2": value(2, 2000)}}
 
 
 def killed_with_its_jobs(proc: subprocess.Popen) -> None:
