@@ -426,7 +426,10 @@ class ScriptedJobs:
 
 
 def scripted_tune(tmp_path: Path, monkeypatch, jobs: ScriptedJobs, *argv: str) -> int:
+    import types
+
     monkeypatch.setattr(tune, "LocalJobs", lambda *_: jobs)
+    monkeypatch.setattr("launcher.jobs.time", types.SimpleNamespace(time=time.time, sleep=lambda _: None))  # no waits
     return run.main(["tune", *argv, "--runs-dir", str(tmp_path / "runs")])
 
 
