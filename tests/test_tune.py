@@ -510,9 +510,11 @@ def test_a_halving_tune_killed_at_random_moments_continues_to_the_trials_and_val
         time.sleep(took * percent / 100)
         assert proc.poll() is None, "the tune ended before it was killed: " + proc.communicate()[0]
         killed_with_its_jobs(proc)
-        [tune_dir] = (tmp_path / "killed").glob("tiny__tune__*")
-        proc = tune_process("--resume", tune_dir, cwd=tmp_path)
+        begun = [path.parent for path in (tmp_path / "killed").glob("tiny__tune__*/tune.json")]
+        proc = tune_process("--resume", begun[0], cwd=tmp_path) if begun else \
+            tune_process(*argv, "--runs-dir", tmp_path / "killed", cwd=tmp_path)  # killed before it began: again
     finished(proc)
+    [tune_dir] = [path.parent for path in (tmp_path / "killed").glob("tiny__tune__*/tune.json")]
     assert study_trials(tune_dir) == study_trials(alone_dir)
     assert sorted(state for _, state, _, _ in study_trials(alone_dir)) == ["COMPLETE"] * 2 + ["PRUNED"] * 2
 
