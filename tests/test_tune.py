@@ -204,10 +204,12 @@ def test_trials_x_seeds_are_packed_by_their_settings_that_cannot_be_packed(tmp_p
 def test_a_setting_that_may_be_null_is_written_as_the_script_reads_it_and_never_packed_with_values(tmp_path):
     """ddpg's td_lambda may be null: trials with it null and trials with a value go to packs of their own (the script
     refuses a pack that mixes them), and each pack's arguments give every member the value its trial asked."""
-    from harness.args import parse_args
-    from harness.members import members
+    import torch
 
-    script = ROOT / "algos" / "ddpg.py"
+    from harness.members import carried, members
+    from tests.algo_utils import load_algo, parse
+
+    script, ddpg = ROOT / "algos" / "ddpg.py", load_algo("ddpg")
     trials = [(0, {"td_lambda": None, "tau": 0.005}), (1, {"td_lambda": 0.9, "tau": 0.01}),
               (2, {"td_lambda": None, "tau": 0.02}), (3, {"td_lambda": 0.8, "tau": 0.005}),
               (4, {"td_lambda": None, "tau": 0.005})]
@@ -215,8 +217,10 @@ def test_a_setting_that_may_be_null_is_written_as_the_script_reads_it_and_never_
     assert [[m["trial"] for m in pack] for pack in packs] == [[0, 2], [4], [1, 3]]
     jobs = tune.trial_jobs(packs, "Pendulum-v1", "ddpg", "t__1", tmp_path, [])
     for job, pack in zip(jobs, packs, strict=True):
-        runs = members(parse_args(tune.args_class(script), argv=job.argv))
+        args = parse(ddpg, job.argv)
+        runs = members(args)
         assert [(run.td_lambda, run.tau) for run in runs] == [(m["td_lambda"], m["tau"]) for m in pack], job.argv
+        carried(args, runs, torch.device("cpu"))  # what the file refuses in a pack, it refuses here
 
 
 def test_the_trials_figure_is_a_grid_naming_a_choice_by_its_values_with_the_settings_importances():
