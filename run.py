@@ -79,28 +79,28 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("config", type=Path, nargs="?", help="configs/<algo>/<env>.yaml")
     p.add_argument("--space", type=Path, help="the search space (default: configs/<algo>/spaces/default.yaml)")
     p.add_argument("--trials", type=int, help="trials in the study in all (--resume: more extends it)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="each trial's seeds (default: 1 2 3)")
-    p.add_argument("--num-seeds", type=int, default=1, metavar="N",
+    p.add_argument("--seeds", type=int, nargs="+", help="each trial's seeds (default: 1 2 3)")
+    p.add_argument("--num-seeds", type=int, metavar="N",
                    help="runs (trial x seed) per process: trials that share their unpackable settings are packed")
-    p.add_argument("--objective", choices=list(tune.OBJECTIVES), default="mean-std",
+    p.add_argument("--objective", choices=list(tune.OBJECTIVES),
                    help="a trial's value from its seeds' final evaluation returns: "
                         + "; ".join(f"{name}: the {what}" for name, what in tune.OBJECTIVES.items())
                         + " (default: mean-std)")
-    p.add_argument("--sampler", default="tpe", help="an Optuna sampler: tpe (default), random, cmaes, gp, qmc, "
+    p.add_argument("--sampler", help="an Optuna sampler: tpe (default), random, cmaes, gp, qmc, "
                    "nsgaii or any class name of optuna.samplers")
-    p.add_argument("--sampler-seed", type=int, default=0, help="the sampler's seed (default: 0)")
+    p.add_argument("--sampler-seed", type=int, help="the sampler's seed (default: 0)")
     p.add_argument("--round", type=int, metavar="N", help="trials asked and trained together (default: --jobs x the "
                    "trials a pack holds)")
-    p.add_argument("--rungs", type=int, default=1, metavar="K", help="successive halving: K rungs, the last at the "
+    p.add_argument("--rungs", type=int, metavar="K", help="successive halving: K rungs, the last at the "
                    "full budget, each the previous one's budget times --eta; 1 (default): every trial to the end")
-    p.add_argument("--eta", type=int, default=2, metavar="E", help="successive halving: the best 1/E of a round's "
+    p.add_argument("--eta", type=int, metavar="E", help="successive halving: the best 1/E of a round's "
                    "trials go on at each rung, the others are pruned (default: 2)")
-    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
                    help="override a script argument in every run, e.g. --set total_timesteps=50000")
     p.add_argument("--resume", type=Path, metavar="TUNE_DIR", help="continue the tune in runs/<tune id> (its "
-                   "stopped round first; --trials, --jobs and --ray may change)")
+                   "stopped round first; --trials, --jobs and --ray may change, any other option must be as asked)")
     add_where_options(p)
-    p.add_argument("--runs-dir", default="runs", help="where run directories and the tune's go (default: runs)")
+    p.add_argument("--runs-dir", help="where run directories and the tune's go (default: runs)")
     return p
 
 

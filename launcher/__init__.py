@@ -10,11 +10,13 @@
     trials    a trial's value over its seeds, the tune's table, figure and best config
     halving   successive halving's rungs inside packs
 
-and here, what they all use: the repository's root, the one-line error, the flushed line, a YAML value.
+and here, what they all use: the repository's root, the one-line error, the flushed line, a YAML value, a file
+written whole or not at all.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,3 +37,13 @@ def yaml_value(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write a file so that a kill at any moment leaves the old text or the new one, never a part (fsync, rename)."""
+    part = path.with_name(path.name + ".part")
+    with open(part, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)

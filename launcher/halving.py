@@ -11,9 +11,10 @@ stopping; a pack none of whose trials was kept ends at the rung, its runs' model
 rung. The packs are the round's first packs with the pruned members taken out: never merged, so a pack's members
 always come from one checkpoint.
 
-A tune stopped mid-rung goes on from what the study holds (each trial's values at the rungs it reached, its state)
-and what the runs' directories hold (which members reached a rung, which members a checkpoint holds): the decisions
-are taken again from the same values, and the rung that was running continues from its checkpoints.
+A tune stopped mid-rung goes on from its record (the decisions of the rungs taken, read back, never taken again),
+what the study holds (each trial's values at the rungs it reached, its state) and what the runs' directories hold
+(which members reached a rung, which members a checkpoint holds and at which step): the rung that was running
+continues from the latest checkpoint holding each pack's members.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def rung_steps(total: int, rungs: int, eta: int) -> list[int]:
     if steps[0] < 1 or len(set(steps)) < rungs:
         fail(f"--rungs {rungs} with --eta {eta} cuts a budget of {total} steps into rungs of {steps}: use fewer rungs")
     return steps
+
+
+def round_checked(asked: int | None, default: int, trials: int, rungs: int, eta: int) -> int:
+    """The trials a round of halving asks: --round (`asked`) or the default raised to eta**(rungs - 1), so that each
+    rung keeps fewer trials than it had; a round or a tune too small for that is refused in one line."""
+    needed = eta ** (rungs - 1)
+    if asked is not None and asked < needed:
+        fail(f"--round {asked} is too small for --rungs {rungs} with --eta {eta}: a round needs {needed} trials or "
+             f"more (each rung keeps 1 in {eta}), or use fewer rungs")
+    if trials < needed:
+        fail(f"--trials {trials} is too few for --rungs {rungs} with --eta {eta}: halving needs {needed} trials or "
+             "more, or fewer rungs")
+    return asked or max(default, needed)
 
 
 def kept(values: dict[int, float], eta: int) -> list[int]:
@@ -60,12 +74,14 @@ def rung_returns(run_dirs: list[Path], step: int, final: bool) -> list[float] | 
     return [summary_in(run_dir)["eval_return_mean"] for run_dir in run_dirs]
 
 
-def held_by(checkpoint: Path) -> list[str] | None:
-    """The run directories whose members a checkpoint.pt holds (None: there is none, or it cannot be read)."""
+def held_by(checkpoint: Path) -> tuple[list[str], int] | None:
+    """The run directories whose members a checkpoint.pt holds and the step it was saved at (None: there is none, or
+    it cannot be read)."""
     import torch
 
     try:
-        return list(torch.load(checkpoint, weights_only=True, mmap=True)["dirs"])
+        state = torch.load(checkpoint, weights_only=True, mmap=True)
+        return list(state["dirs"]), int(state["counts"][0])
     except Exception:  # missing or cut short by a kill: torch raises several types
         return None
 
@@ -75,11 +91,20 @@ def rung_packs(first: list[list[dict[str, Any]]], alive: set[int]) -> list[list[
     return [[member for member in pack if member["trial"] in alive] or None for pack in first]
 
 
-def resume_argv(names: list[str], previous: list[str] | None, runs_dir: Path, stop: list[str]) -> list[str] | None:
-    """How a pack of these runs goes on to the rung: from its own checkpoint (it was stopped on the way), or from the
-    checkpoint of the pack it was cut from with --members; None: it starts (the first rung, nothing saved yet)."""
-    if held_by(runs_dir / names[0] / "checkpoint.pt") == names:
-        return ["--resume", f"runs/{names[0]}", *stop]
-    if previous is None:
+def resume_argv(names: list[str], holders: list[str], runs_dir: Path, stop: list[str], since: int,
+                until: int) -> list[str] | None:
+    """How a pack of these runs goes on to the rung ending at step `until`, the last one having ended at `since` (0:
+    this is the first): from the latest checkpoint that holds all its members, saved at `since` or later, in one of
+    `holders` (the directories of the pack it was cut from): its own (it was stopped on the way), or the one of the
+    pack it was cut from, with --members. None: there is none, and the pack starts from its first step (the same
+    runs, bit for bit, trained again)."""
+    best = None
+    for name in dict.fromkeys([names[0], *holders]):
+        held = held_by(runs_dir / name / "checkpoint.pt")
+        if held and set(names) <= set(held[0]) and since <= held[1] < until and (best is None or held[1] > best[2]):
+            best = (name, held[0], held[1])
+    if best is None:
         return None
-    return ["--resume", f"runs/{previous[0]}", "--members", *names, *stop]
+    if best[1] == names:
+        return ["--resume", f"runs/{best[0]}", *stop]
+    return ["--resume", f"runs/{best[0]}", "--members", *names, *stop]

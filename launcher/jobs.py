@@ -38,6 +38,7 @@ class Job:
     values: dict[str, str] = field(default_factory=dict)  # swept key: its raw value in this job (all its runs)
     pack: list[str] = field(default_factory=list)  # every run's directory (seeds seed, seed+1, ..., or `members`)
     members: list[dict[str, Any]] = field(default_factory=list)  # a packed sweep: each run's seed and swept values
+    reads: list[str] = field(default_factory=list)  # run directories it reads beyond its own (a pack it is cut from)
     status: str = "pending"  # pending, running, ok, failed, stopped, not started
     handle: Any = None  # a Popen, or a Ray ObjectRef
     start: float = 0.0
@@ -69,6 +70,14 @@ class Job:
 
     def script_args(self, config: str) -> list[str]:
         return self.argv if self.resumes else ["--config", config, *self.argv]
+
+    @property
+    def shipped(self) -> list[str]:
+        """The run directories its process needs beside it: its own, and when it resumes, the one it resumes from
+        and `reads` (a smaller pack cut from a checkpoint reads the directories of the whole pack)."""
+        if not self.resumes:
+            return []
+        return list(dict.fromkeys([*self.names, Path(self.argv[1]).name, *self.reads]))
 
 
 # ---------------------------------------------------------------- where jobs run
@@ -191,8 +200,8 @@ def run_archive_of(runs_dir: Path, names: list[str]) -> bytes:
 
 
 class RayJobs:
-    """Jobs as Ray tasks; each ships the script and config (and a resumed job's run directory) and sends
-    its run directory back."""
+    """Jobs as Ray tasks; each ships the script and config (and a resumed job's run directories: its own, the one it
+    resumes from, those that one's pack holds) and sends its own run directories back."""
 
     grace_s = GRACE_S + 30  # the task's own grace, then packing and sending the run directory back
 
@@ -217,7 +226,7 @@ class RayJobs:
     def start(self, job: Job) -> None:
         settings = self.settings | {k: yaml_value(v) for k, v in job.values.items()}  # a sweep may set threads
         gpus = 1 if settings.get("cuda") is True and self.ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        archive = run_archive_of(self.runs_dir, job.names) if job.resumes else b""
+        archive = run_archive_of(self.runs_dir, job.shipped)
         job.handle = self.task.options(num_cpus=int(settings.get("threads") or 1), num_gpus=gpus,
                                        runtime_env=self.runtime_env).remote(
             *self.files, job.script_args(self.files[2]), job.names, archive, self.stop)

@@ -47,7 +47,7 @@ def args_class(script: Path) -> type:
 
 def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The search space in a YAML file, checked against the settings of `args` (an algorithm's Args); any error is
-    one line naming the file, the key and what is wrong. `refused`: settings the launcher sets itself."""
+    one line naming the file, the key and what is wrong. `refused`: settings it may not search, and why."""
     from harness.args import _type_name, _typed
 
     try:
@@ -61,7 +61,7 @@ def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dic
     for key, spec in space.items():
         where = f"space {path}: {key}"
         if key in refused:
-            fail(f"{where}: run.py tune sets {key} itself ({refused[key]})")
+            fail(f"{where}: {refused[key]}")
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(hints))
             fail(f"{where}: {args.__module__.removeprefix('tuned_')}.py has no such setting "
@@ -95,11 +95,15 @@ def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dic
             fail(f"{where}: low {spec['low']} must be below high {spec['high']}")
         if spec.get("log") and spec["low"] <= 0:
             fail(f"{where}: log needs low > 0, got {spec['low']}")
-        if spec.get("log") and spec.get("step") is not None and spec["type"] == "float":
-            fail(f"{where}: a float takes log or step, not both")
+        if spec.get("log") and spec.get("step") not in (None, 1 if spec["type"] == "int" else None):
+            fail(f"{where}: a{'n' if spec['type'] == 'int' else ''} {spec['type']} takes log or step, not both")
         step = spec.get("step")
         if step is not None and (not isinstance(step, number) or isinstance(step, bool) or step <= 0):
             fail(f"{where}: step must be a positive {'int' if spec['type'] == 'int' else 'number'}, got {step!r}")
+        try:  # what Optuna refuses besides, in its words
+            distributions({key: spec})
+        except (ValueError, TypeError) as e:
+            fail(f"{where}: {' '.join(str(e).split())}")
     return space
 
 

@@ -79,11 +79,12 @@ def sweep_from(pairs: list[str], overrides: dict[str, str]) -> dict[str, list[st
 
 
 def flags_from(overrides: dict[str, str]) -> list[str]:
-    """Script flags for the overrides: tyro spells booleans --name / --no-name."""
+    """Script flags for the overrides: tyro spells booleans --name / --no-name, and null None."""
     flags = []
     for key, raw in overrides.items():
         name, value = key.replace("_", "-"), yaml_value(raw)
-        flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", raw]
+        flags += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else \
+            [f"--{name}", "None" if value is None else raw]
     return flags
 
 

@@ -27,6 +27,8 @@ def objective(returns: list[float], how: str) -> float:
 
 def text(value: Any) -> str:
     """A setting's value as the command line and --pack read it back exactly (a float: its repr)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)
@@ -55,37 +57,70 @@ def trials_table(trials: list, returns: dict[int, list[float]], how: str) -> str
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
 
 
+def importances(trials: list) -> tuple[str, dict[str, float]]:
+    """(the evaluator's name, each setting's importance to the value over the finished trials, the largest first):
+    Optuna's PED-ANOVA (fANOVA needs scikit-learn); none when fewer than two trials finished, or Optuna cannot tell."""
+    import optuna
+
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    if len(done) < 2:
+        return "", {}
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(done)
+    try:
+        return "PED-ANOVA", optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError, ZeroDivisionError):  # e.g. every finished trial with the same settings
+        return "", {}
+
+
 def trials_figure(trials: list, returns: dict[int, list[float]], how: str, space: dict[str, dict[str, Any]]) -> Any:
-    """The trials: each one's value and seeds' returns by trial number with the best so far (a pruned trial: its value
-    at the last rung it reached), and its value against each setting tried (a log axis for a log-scaled one)."""
+    """The trials, in a grid of at most 3 panels a row: each one's value and seeds' returns by trial number with the
+    best so far (a pruned trial: its value at the last rung it reached); the settings' importances (Optuna's);
+    and the value against each setting tried (a log axis for a log-scaled one, a choice's values by name)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     done = [t for t in trials if t.state.name == "COMPLETE"]  # a pruned trial's value is a rung's
-    fig = Figure(figsize=(4.5 * (1 + len(space)), 3.5), layout="constrained")
+    evaluator, weights = importances(trials)
+    panels = 1 + bool(weights) + len(space)
+    columns = min(3, panels)
+    rows = -(-panels // columns)
+    fig = Figure(figsize=(4.5 * columns, 3.5 * rows), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 1 + len(space), squeeze=False)[0]
+    axes = list(fig.subplots(rows, columns, squeeze=False).flat)
+    for ax in axes[panels:]:
+        ax.set_axis_off()
+    history = axes.pop(0)
     for t in done:
-        axes[0].scatter([t.number] * len(returns[t.number]), returns[t.number], color="0.7", s=8)
+        history.scatter([t.number] * len(returns[t.number]), returns[t.number], color="0.7", s=8)
     numbers, values = [t.number for t in done], [t.value for t in done]
-    axes[0].scatter(numbers, values, label=OBJECTIVES[how])
+    history.scatter(numbers, values, label=OBJECTIVES[how])
     pruned = [t for t in trials if t.state.name == "PRUNED" and t.intermediate_values]
     if pruned:  # successive halving: where each pruned trial stood at the last rung it reached
-        axes[0].scatter([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+        history.scatter([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
                         marker="x", color="0.5", label="pruned: at its last rung")
     best = [max(values[:i + 1]) for i in range(len(values))]
-    axes[0].step(numbers, best, where="post", color="C1", label="best so far")
-    axes[0].set(xlabel="trial", ylabel="final eval return")
-    axes[0].legend()
-    axes[0].xaxis.get_major_locator().set_params(integer=True)
-    for ax, (key, spec) in zip(axes[1:], space.items(), strict=True):
+    history.step(numbers, best, where="post", color="C1", label="best so far")
+    history.set(xlabel="trial", ylabel="final eval return", title="the trials (grey: each seed)")
+    history.legend(fontsize="small")
+    history.xaxis.get_major_locator().set_params(integer=True)
+    if weights:
+        bars = axes.pop(0)
+        keys = list(weights)[::-1]  # the largest at the top
+        bars.barh(keys, [weights[key] for key in keys])
+        bars.set(xlabel="importance", title=f"importance ({evaluator}, Optuna's; finished trials)")
+    for ax, (key, spec) in zip(axes, space.items(), strict=False):
         if spec["type"] == "choice":  # a choice's values by their place in the list, named
             names = [text(choice) for choice in spec["choices"]]
             ax.scatter([names.index(text(t.params[key])) for t in done], values)
             ax.set_xticks(range(len(names)), names)
+            ax.set_xlim(-0.5, len(names) - 0.5)
         else:
+            ax.set_xscale("log" if spec.get("log") else "linear")
             ax.scatter([t.params[key] for t in done], values)
-        ax.set(xlabel=key, ylabel=OBJECTIVES[how], xscale="log" if spec.get("log") else "linear")
+            ax.xaxis.set_minor_formatter("")  # a log axis's minor labels run into each other
+        ax.set(xlabel=key, ylabel=OBJECTIVES[how])
     return fig
 
 

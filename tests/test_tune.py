@@ -95,6 +95,60 @@ def test_every_error_of_a_space_file_is_one_line_naming_the_file_the_key_and_wha
         "to what to try, e.g. learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
 
 
+REFUSED = {  # case: (the config's values beyond TINY, the space beyond SPACE, more arguments, the line)
+    "halving a round too small": ({}, {}, ["--rungs", "3", "--round", "2"],
+                                  "--round 2 is too small for --rungs 3 with --eta 2: a round needs 4 trials or more"),
+    "halving too few trials": ({}, {}, ["--rungs", "4", "--trials", "4"],
+                               "--trials 4 is too few for --rungs 4 with --eta 2: halving needs 8 trials or more"),
+    "halving atari packs": ({"env": "PongNoFrameskip-v4"}, {}, ["--rungs", "2", "--num-seeds", "2"],
+                            "successive halving cuts packs, and a pack of Atari games cannot be cut"),
+    "int log and step": ({}, {"batch_size": {"type": "int", "low": 100, "high": 1000, "log": True, "step": 100}}, [],
+                         "batch_size: an int takes log or step, not both"),
+    "set stop_step": ({}, {}, ["--set", "stop_step=500"], "--set stop_step=...: run.py tune sets stop_step itself"),
+    "set members": ({}, {}, ["--set", "members=a"], "--set members=...: run.py tune sets members itself"),
+    "set resume": ({}, {}, ["--set", "resume=runs/x"], "--set resume=...: run.py sets resume itself"),
+    "set evaluate": ({}, {}, ["--set", "evaluate=runs/x"], "--set evaluate=...: run.py tune sets evaluate itself"),
+    "config stop_step": ({"stop_step": 500}, {}, [], "sets stop_step, which run.py tune sets itself"),
+    "space total_timesteps": ({}, {"total_timesteps": {"type": "int", "low": 1000, "high": 2000}}, [],
+                              "total_timesteps: every trial trains the same budget"),
+    "space stop_return": ({}, {"stop_return": {"type": "float", "low": 100, "high": 200}}, [],
+                          "stop_return: it stops a run early"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_tune_it_could_not_finish_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                      case):
+    """What a tune would accept and then fail on after training (or halve nothing while announcing halving) is
+    refused up front in one line naming what is wrong (the file and the key for the space and the config); no tune
+    directory is written."""
+    values, keys, more, message = REFUSED[case]
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | values)
+    space = write_yaml(tmp_path / "space.yaml", SPACE | keys)
+    where = f"space {space}: " if keys else f"config {config} " if values and "env" not in values else ""
+
+    def trains(*_):
+        raise AssertionError("the tune went on to train")
+
+    monkeypatch.setattr(tune, "LocalJobs", trains)
+    with pytest.raises(SystemExit, match="^" + re.escape(f"error: {where}{message}")):
+        run.main(["tune", str(config), "--space", str(space), "--trials", "8", "--seeds", "1", *more, "--runs-dir",
+                  str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_halving_asks_rounds_big_enough_to_halve(tmp_path, monkeypatch):
+    """--rungs 3 with one trial a process and one process at a time: a round is 4 trials (not --jobs x 1), so each
+    rung keeps half the trials."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "4", "--seeds",
+                         "1", "--rungs", "3", "--sampler", "random") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert json.loads((tune_dir / "tune.json").read_text())["round"] == 4
+    assert sorted(state for _, state, _, _ in study_trials(tune_dir)) == ["COMPLETE"] + ["PRUNED"] * 3
+
+
 def test_the_spaces_in_configs_are_valid_and_a_sampler_is_found_by_name(tmp_path):
     for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
         script = ROOT / "algos" / f"{algo}.py"
@@ -145,6 +199,49 @@ def test_trials_x_seeds_are_packed_by_their_settings_that_cannot_be_packed(tmp_p
     one = tune.trial_jobs(tune.trial_packs(trials[:1], [5], 4, set()), "CartPole-v1", "dqn", "t__1", tmp_path, [])
     assert one[0].argv == ["--seed", "5", "--learning-rate", "0.001", "--batch-size", "32", "--run-name",
                            "CartPole-v1__dqn__trial=0__5__t__1"]
+
+
+def test_a_setting_that_may_be_null_is_written_as_the_script_reads_it_and_never_packed_with_values(tmp_path):
+    """ddpg's td_lambda may be null: trials with it null and trials with a value go to packs of their own (the script
+    refuses a pack that mixes them), and each pack's arguments give every member the value its trial asked."""
+    import torch
+
+    from harness.members import carried, members
+    from tests.algo_utils import load_algo, parse
+
+    script, ddpg = ROOT / "algos" / "ddpg.py", load_algo("ddpg")
+    trials = [(0, {"td_lambda": None, "tau": 0.005}), (1, {"td_lambda": 0.9, "tau": 0.01}),
+              (2, {"td_lambda": None, "tau": 0.02}), (3, {"td_lambda": 0.8, "tau": 0.005}),
+              (4, {"td_lambda": None, "tau": 0.005})]
+    packs = tune.trial_packs(trials, [1], 2, packable_keys(script))
+    assert [[m["trial"] for m in pack] for pack in packs] == [[0, 2], [4], [1, 3]]
+    jobs = tune.trial_jobs(packs, "Pendulum-v1", "ddpg", "t__1", tmp_path, [])
+    for job, pack in zip(jobs, packs, strict=True):
+        args = parse(ddpg, job.argv)
+        runs = members(args)
+        assert [(run.td_lambda, run.tau) for run in runs] == [(m["td_lambda"], m["tau"]) for m in pack], job.argv
+        carried(args, runs, torch.device("cpu"))  # what the file refuses in a pack, it refuses here
+
+
+def test_the_trials_figure_is_a_grid_naming_a_choice_by_its_values_with_the_settings_importances():
+    """Five settings: a grid of at most 3 panels a row (not one row 3240 pixels wide); a choice's axis names its
+    values (mse, huber; null, 0.9), not 0.0-1.0; a panel of Optuna's importances names every setting."""
+    optuna = tune.optuna_module()
+    space = SPACE | {"td_lambda": {"type": "choice", "choices": [None, 0.9]},
+                     "batch_size": {"type": "int", "low": 16, "high": 64}}
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for value in range(8):
+        study.tell(study.ask(tune.distributions(space)), float(value))
+    trials = study.get_trials()
+    fig = tune.trials_figure(trials, {t.number: [t.value - 1, t.value + 1] for t in trials}, "mean-std", space)
+    width, height = fig.get_size_inches() * 120
+    assert width <= 3 * 4.5 * 120 and height >= 2 * 3.5 * 120
+    fig.canvas.draw()
+    by_label = {ax.get_xlabel(): ax for ax in fig.axes}
+    assert [t.get_text() for t in by_label["loss"].get_xticklabels()] == ["mse", "huber"]
+    assert [t.get_text() for t in by_label["td_lambda"].get_xticklabels()] == ["null", "0.9"]
+    [importances] = [ax for ax in fig.axes if ax.get_title().startswith("importance")]
+    assert {t.get_text() for t in importances.get_yticklabels()} == set(space)
 
 
 # ---------------------------------------------------------------- tunes of the real script
@@ -279,3 +376,245 @@ def test_halving_continues_the_best_trials_as_smaller_packs_each_equal_to_its_ru
                        capture_output=True)
         [member] = (tmp_path / "alone").glob(f"CartPole-v1__dqn__trial={best}__{seed}__*")
         assert_same(outcome(member), outcome(tmp_path / "runs" / f"alone{seed}"), episodes=2)
+
+
+# ---------------------------------------------------------------- a tune's record: failures, stops and kills
+
+class ScriptedJobs:
+    """Jobs that do at once what the script would leave behind (summary.json, a pack's checkpoint.pt): a run's
+    evaluation return at a step is `value(trial, step)`; `outcome(job, step)` may say a job fails ("fail") or is
+    stopped by a signal ("stop") instead. Every job's arguments are kept, to check how each pack went on."""
+
+    grace_s = 0.0
+
+    def __init__(self, runs_dir: Path, total: int, value, outcome=lambda job, step: "ok"):
+        self.runs_dir, self.total, self.value, self.outcome, self.argvs = runs_dir, total, value, outcome, []
+
+    def start(self, job) -> None:
+        import torch
+
+        argv, self.argvs = job.argv, [*self.argvs, job.argv]
+        step = int(argv[argv.index("--stop-step") + 1]) if "--stop-step" in argv else self.total
+        if argv[0] == "--resume":  # the pack it goes on from holds every member, saved before this rung, and the
+            # job names every directory of that pack (a Ray task is shipped those)
+            held = torch.load(self.runs_dir / argv[1].removeprefix("runs/") / "checkpoint.pt", weights_only=True)
+            assert set(job.names) <= set(held["dirs"]) and held["counts"][0] < step, (argv, held)
+            assert set(held["dirs"]) <= set(job.shipped), (job.shipped, held)
+        job.handle = self.outcome(job, step)
+        if job.handle == "fail":
+            return
+        for name, member in zip(job.names, job.members, strict=True):
+            value = self.value(member["trial"], step)
+            (self.runs_dir / name).mkdir(parents=True, exist_ok=True)
+            summary = {"global_step": step, "eval_returns": [value], "eval_return_mean": value,
+                       "interrupted": step < self.total}
+            if job.handle != "stop":
+                (self.runs_dir / name / "summary.json").write_text(json.dumps(summary))
+        if job.handle != "stop":
+            torch.save({"dirs": job.names, "counts": [step]}, self.runs_dir / job.names[0] / "checkpoint.pt")
+
+    def returncode(self, job) -> int | None:
+        if job.handle == "stop":
+            job.handle = "stopping"
+            raise KeyboardInterrupt  # as Ctrl-C reaches the launcher while the job trains
+        return {"fail": 1, "stopping": 130}.get(job.handle, 0)
+
+    def interrupt(self, job) -> None:
+        pass
+
+    def kill(self, job) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def scripted_tune(tmp_path: Path, monkeypatch, jobs: ScriptedJobs, *argv: str) -> int:
+    import types
+
+    monkeypatch.setattr(tune, "LocalJobs", lambda *_: jobs)
+    monkeypatch.setattr("launcher.jobs.time", types.SimpleNamespace(time=time.time, sleep=lambda _: None))  # no waits
+    return run.main(["tune", *argv, "--runs-dir", str(tmp_path / "runs")])
+
+
+def test_a_halving_tune_whose_process_failed_then_stopped_continues_from_its_recorded_decisions(tmp_path,
+                                                                                                monkeypatch):
+    """4 trials, one process each, rungs at 1000, 2000 and 4000 steps: trials 1 and 2 go on from the first rung. At
+    the second, trial 1's process fails; the tune is stopped while trial 2 trains to the end. Continued, the first
+    rung's decision is the one taken (not taken again over trials 0, 2 and 3, which would revive the pruned trial 0):
+    trial 2 goes on from its checkpoint to the end, 0 and 3 stay pruned, 1 failed."""
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 4000})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    rung_one = {0: 10.0, 1: 30.0, 2: 20.0, 3: 5.0}
+
+    def value(trial: int, step: int) -> float:
+        return rung_one[trial] + step / 1000
+
+    def outcome(job, step: int) -> str:
+        trial = job.members[0]["trial"]
+        return {(1, 2000): "fail", (2, 4000): "stop"}.get((trial, step), "ok")
+
+    argv = [str(config), "--space", str(space), "--trials", "4", "--seeds", "1", "--round", "4", "--rungs", "3",
+            "--sampler", "random"]
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 4000, value, outcome), *argv) == 130
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert [state for _, state, _, _ in study_trials(tune_dir)] == ["PRUNED", "FAIL", "RUNNING", "PRUNED"]
+    jobs = ScriptedJobs(tmp_path / "runs", 4000, value)
+    assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir)) == 0
+    trials = study_trials(tune_dir)
+    assert [state for _, state, _, _ in trials] == ["PRUNED", "FAIL", "COMPLETE", "PRUNED"]
+    assert trials[2][3] == value(2, 4000)
+    assert jobs.argvs == [["--resume", f"runs/CartPole-v1__dqn__trial=2__1__{tune_dir.name}"]]
+    rounds = json.loads((tune_dir / "rounds.json").read_text())
+    assert rounds["0"]["rungs"][0] == {"step": 1000, "alive": [0, 1, 2, 3], "kept": [1, 2],
+                                       "values": {str(n): v + 1 for n, v in rung_one.items()}}
+    assert rounds["0"]["rungs"][1] == {"step": 2000, "alive": [1, 2], "kept": [2], "values": {"2": value(2, 2000)}}
+
+
+def killed_with_its_jobs(proc: subprocess.Popen) -> None:
+    """SIGKILL to a process and every process under it at once, as a machine that loses power: nothing saves."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with __import__("contextlib").suppress(OSError, IndexError, ValueError):
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(stat.parent.name))
+        return found
+
+    frozen, todo = [], [proc.pid]
+    while todo:  # frozen first, so that none starts another process while the tree is read
+        pid = todo.pop()
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+            todo.extend(children(pid))
+    for pid in frozen:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_halving_tune_killed_at_random_moments_continues_to_the_trials_and_values_of_one_never_stopped(tmp_path):
+    """4 trials on seed 1 in packs of 2 (rounds of 2), 3000 steps, rungs at 1500 and 3000: one tune left alone; one
+    killed with SIGKILL, jobs and all, at three random moments (each after a share of the time the whole tune takes),
+    each time continued with --resume. Both end with the same trials, states and values."""
+    import random
+
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 3000, "eval_frequency": 1500})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [config, "--space", space, "--trials", "4", "--seeds", "1", "--num-seeds", "2", "--rungs", "2"]
+    start = time.time()
+    finished(tune_process(*argv, "--runs-dir", tmp_path / "alone", cwd=tmp_path))
+    took = time.time() - start
+    [alone_dir] = (tmp_path / "alone").glob("tiny__tune__*")
+    moments = random.Random(59).sample(range(5, 35), 3)  # percent of the time the tune takes alone, from each start
+    proc = tune_process(*argv, "--runs-dir", tmp_path / "killed", cwd=tmp_path)
+    for percent in moments:
+        time.sleep(took * percent / 100)
+        assert proc.poll() is None, "the tune ended before it was killed: " + proc.communicate()[0]
+        killed_with_its_jobs(proc)
+        begun = [path.parent for path in (tmp_path / "killed").glob("tiny__tune__*/tune.json")]
+        proc = tune_process("--resume", begun[0], cwd=tmp_path) if begun else \
+            tune_process(*argv, "--runs-dir", tmp_path / "killed", cwd=tmp_path)  # killed before it began: again
+    finished(proc)
+    [tune_dir] = [path.parent for path in (tmp_path / "killed").glob("tiny__tune__*/tune.json")]
+    assert study_trials(tune_dir) == study_trials(alone_dir)
+    assert sorted(state for _, state, _, _ in study_trials(alone_dir)) == ["COMPLETE"] * 2 + ["PRUNED"] * 2
+
+
+def test_a_tune_killed_while_a_round_enters_the_study_continues_to_the_trials_of_one_never_stopped(tmp_path,
+                                                                                                  monkeypatch):
+    """Rounds of 2 trials (TPE): a tune killed between the two trials of its second round entering the study, then
+    continued, asks and scores the same 4 trials as one never stopped (no round cut short, none asked again)."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [str(config), "--space", str(space), "--trials", "4", "--seeds", "1", "--round", "2"]
+
+    def value(trial: int, step: int) -> float:
+        return float(trial % 3)
+
+    assert scripted_tune(tmp_path / "alone", monkeypatch, ScriptedJobs(tmp_path / "alone" / "runs", 1500, value),
+                         *argv) == 0
+
+    class Killed(BaseException):
+        pass
+
+    optuna, created = tune.optuna_module(), []
+    create_new_trial = optuna.storages.RDBStorage._create_new_trial  # each trial entering the study, in one write
+
+    def killed_at_the_fourth(self, *args, **kwargs):
+        created.append(1)
+        if len(created) == 4:
+            raise Killed
+        return create_new_trial(self, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(optuna.storages.RDBStorage, "_create_new_trial", killed_at_the_fourth)
+        with pytest.raises(Killed):
+            scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value), *argv)
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    assert len(study_trials(tune_dir)) == 3
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value),
+                         "--resume", str(tune_dir)) == 0
+    [alone_dir] = (tmp_path / "alone" / "runs").glob("tiny__tune__*")
+    assert study_trials(tune_dir) == study_trials(alone_dir)
+
+
+@pytest.mark.slow
+def test_halving_on_ray_ships_each_task_the_pack_it_is_cut_from(tmp_path, monkeypatch):
+    """Two trials in one pack on a local Ray, --rungs 2: the second rung's task resumes the kept trial's member from
+    the pack's checkpoint, which needs the pack's every directory beside it; the trial ends as on this machine."""
+    ray = pytest.importorskip("ray")
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    argv = [str(config), "--space", str(space), "--trials", "2", "--seeds", "1", "--num-seeds", "2", "--rungs", "2",
+            "--sampler", "random"]
+    monkeypatch.chdir(tmp_path)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert run.main(["tune", *argv, "--ray", "local", "--runs-dir", str(tmp_path / "ray")]) == 0
+    finally:
+        ray.shutdown()
+    assert run.main(["tune", *argv, "--runs-dir", str(tmp_path / "here")]) == 0
+    [on_ray], [here] = (tmp_path / "ray").glob("tiny__tune__*"), (tmp_path / "here").glob("tiny__tune__*")
+    assert study_trials(on_ray) == study_trials(here)
+    assert sorted(state for _, state, _, _ in study_trials(here)) == ["COMPLETE", "PRUNED"]
+
+
+def test_a_qmc_tune_asks_in_rounds_the_sequence_one_sampler_asks(tmp_path, monkeypatch):
+    """QMC in rounds of 2 trials: the 6 trials are the ones a single QMCSampler asks of one study, 2 at a time (each
+    round goes on along one sequence, not the start of a new one)."""
+    optuna = tune.optuna_module()
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "6", "--seeds",
+                         "1", "--round", "2", "--sampler", "qmc", "--sampler-seed", "7") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    one = optuna.create_study(direction="maximize", sampler=optuna.samplers.QMCSampler(seed=7))
+    for _ in range(3):
+        asked = [one.ask(tune.distributions(tune.space_from(space, tune.args_class(ROOT / "algos" / "dqn.py"), {})))
+                 for _ in range(2)]
+        for trial in asked:
+            one.tell(trial, float(trial.number))
+    assert [params for _, _, params, _ in study_trials(tune_dir)] == [t.params for t in one.get_trials()]
+
+
+def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_one_line(tmp_path, monkeypatch):
+    """--resume with --objective, --seeds, --space, --rungs, --eta (...) other than the tune's: one line, nothing run;
+    given again with the same values, the tune goes on."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "2", "--seeds",
+                         "1", "2", "--sampler", "random") == 0
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    other = write_yaml(tmp_path / "other.yaml", {"gamma": SPACE["gamma"]})
+    for option, asked in ((["--objective", "min"], "mean-std"), (["--seeds", "1", "3"], "1 2"),
+                          (["--space", str(other)], str(space)), (["--rungs", "2"], "1"), (["--eta", "3"], "2"),
+                          (["--num-seeds", "2"], "1"), (["--sampler", "tpe"], "random"),
+                          (["--set", "gamma=0.9"], "none")):
+        with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option[0]} {' '.join(option[1:])}: the tune in "
+                                                             f"{tune_dir} was asked with {asked}, and --resume")):
+            run.main(["tune", "--resume", str(tune_dir), *option])
+    jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
+    assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir), "--trials", "3", "--seeds", "1", "2",
+                         "--space", str(space), "--objective", "mean-std") == 0
+    assert len(study_trials(tune_dir)) == 3
