@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from envs import check_video, env_seeds, evaluate, make_vector_env  # isort: skip
 
-from .args import algo_of, fail, load_checkpoint
+from .args import ONE_OFF, algo_of, fail, load_checkpoint
 from .files import save_atomic, write_atomic, write_json_atomic
 from .loading import load_model
 from .members import carried, each, members, packed
@@ -211,7 +211,8 @@ class Run:
         if state is not None:
             obs, counts = restore(self.parts, state, self.cut, self.dir)
             self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
-        configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items()} for run in self.members]
+        configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items() if k not in ONE_OFF}
+                   for run in self.members]  # the run's settings: --config of it trains it again, as a new run
         self.metrics, sizes, sent = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
         self.records = []  # each seed's records so far: the index of its next line of metrics.jsonl
         for config, path, size in zip(configs, self.dirs, sizes, strict=True):

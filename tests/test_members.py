@@ -71,6 +71,21 @@ def test_kept_members_that_share_a_setting_go_on_as_a_pack_holding_it_once(tmp_p
         assert_same(outcome(tmp_path / "runs" / f"cut{i}"), outcome(tmp_path / "runs" / f"whole{i}"), episodes=2)
 
 
+def test_the_config_of_a_member_that_went_on_or_was_left_out_reruns_it_alone(tmp_path):
+    """A pack of 4 paused at a step, then members 1 and 3 went on: `--config` of member 3's config.yaml (it went on)
+    and of member 2's (left out at the pause) each trains a new run alone, to the end, equal to that member of the
+    pack never paused. Fails if config.yaml holds the one-off options of the process that wrote it: member 3's rerun
+    resumed the pack's checkpoint as one run (`zip() argument 2 is longer than argument 1`), member 2's paused."""
+    packed(tmp_path, "dqn", "whole")
+    packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"])
+    trained(tmp_path, "dqn", "--resume", "runs/cut0", "--members", "cut1", "cut3")
+    runs = tmp_path / "runs"
+    for i in (3, 2):
+        trained(tmp_path, "dqn", "--config", f"runs/cut{i}/config.yaml", "--run-name", f"again{i}")
+        assert json.loads((runs / f"again{i}" / "summary.json").read_text())["interrupted"] is False
+        assert_same(outcome(runs / f"again{i}"), outcome(runs / f"whole{i}"), episodes=2)
+
+
 def test_what_cannot_be_cut_is_refused_in_one_line(tmp_path):
     packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"])
     trained(tmp_path, "dqn", *CASES["dqn"], *COMMON, "--run-name", "lone", "--stop-step", "1000")
