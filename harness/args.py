@@ -84,7 +84,7 @@ ONE_OFF = ("resume", "stop_step", "members", "evaluate")
 
 # What --evaluate and --resume may be given besides the run directory.
 EVALUATE_FLAGS = ("--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track")
-RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members")
+RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members", "--precision")
 
 
 def fail(message: str) -> NoReturn:

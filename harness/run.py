@@ -116,6 +116,7 @@ class Run:
         torch.set_num_threads(args.threads)
         self.signal, self.reached, self.wandb = None, False, None
         self.precision, self.precision_why = "fp32", "fp32"  # make_env chooses (it knows the observations)
+        self.precision_asked, self.precision_changes = args.precision, []
         self.due, self.last, self.recent, self.parts = None, None, [], {}
 
     # ---- what the algorithm builds through the run ------------------------------------------------------------
@@ -135,13 +136,27 @@ class Run:
         return env
 
     def _choose_precision(self, space: gym.Space) -> None:
-        """The update's precision (see precision.py), resolved once and saved as the run's own (config.yaml, the
-        checkpoint), so that a resumed run computes as it did; evaluation runs the fp32 network whatever it was."""
-        asked = "fp32" if self.args.evaluate else self.args.precision
-        source = f"{self.dir} trained with bf16 autocast, but" if self.resumed is not None else "--precision bf16:"
-        self.precision, self.precision_why = chosen_precision(asked, self.device, space, source)
+        """The update's precision (see precision.py), chosen once: config.yaml keeps the one asked (a rerun of it
+        chooses again where it runs), the checkpoint the one chosen, so that a resumed run computes as it did unless
+        --resume is given another --precision (said in one line, recorded in summary.json); evaluation runs the fp32
+        network whatever it was."""
+        asked, state = "fp32" if self.args.evaluate else self.args.precision, self.resumed or {}
+        saved = state["args"]["precision"] if state else None  # what the resumed run computed in
+        source, advice = "--precision bf16:", None
+        if saved == asked == "bf16":  # the run's own bf16, not one given to --resume
+            source = f"{self.dir} trained with bf16 autocast, but"
+            advice = (f"resume it where bf16 runs (a CPU with amx_bf16 or avx512_bf16), or go on in fp32: --resume "
+                      f"{self.dir} --precision fp32 (from then on it computes otherwise than it would have)")
+        self.precision, self.precision_why = chosen_precision(asked, self.device, space, source, advice)
+        self.precision_asked = state.get("precision_asked", saved or asked)
+        self.precision_changes = state.get("precision_changes", [])
+        if saved is not None and self.precision != saved:
+            step = state["counts"][0]
+            self.precision_changes = [*self.precision_changes, {"step": step, "from": saved, "to": self.precision}]
+            print(f"{self.dir} trained with {saved} to step {step} and goes on in {self.precision} (--precision): "
+                  "from here it computes otherwise than it would have")
         self.plain, self.args = (replace(a, precision=self.precision) for a in (self.plain, self.args))
-        self.members = [replace(run, precision=self.precision) for run in self.members]
+        self.members = [replace(run, precision=self.precision_asked) for run in self.members]
 
     def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
         """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension (a layer
@@ -311,7 +326,8 @@ class Run:
         state = {"algo": self.algo, "args": asdict(self.plain), "counts": counts, "obs": torch.as_tensor(obs),
                  "due": self.due, "last": self.last, "recent": self.recent,
                  "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
-                 "dirs": [path.name for path in self.dirs], "wall_s": self.wall_s()}
+                 "dirs": [path.name for path in self.dirs], "wall_s": self.wall_s(),
+                 "precision_asked": self.precision_asked, "precision_changes": self.precision_changes}
         save_checkpoint(self.dir / "checkpoint.pt", state, self.parts, self.metrics)
 
     def finish(self, obs: np.ndarray, counts: tuple) -> dict | list[dict]:
@@ -346,7 +362,9 @@ class Run:
                        "interrupted": bool(self.signal) or paused,  # paused: evaluated, to be resumed
                        "train_sps": (step - self.start_step) / max(train_time, 1e-9),
                        "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
-                       "pack_dirs": [p.name for p in self.dirs]}
+                       "pack_dirs": [p.name for p in self.dirs], "precision": self.precision}
+            if self.precision_changes:  # --resume --precision: the steps before were computed in another
+                summary["precision_changes"] = self.precision_changes
             write_json_atomic(summary, path / "summary.json")
             summaries.append(summary)
             self.metrics[i].close()

@@ -123,8 +123,8 @@ def test_resume_refuses_bad_checkpoints_and_other_flags_and_changes_nothing(tmp_
         return out.stderr
 
     assert "not of per_dqn.py" in refused("per_dqn", "--resume", "runs/done")
-    assert "it takes only --total-timesteps, --wandb-resume, --stop-step, --members, got --seed" in refused(
-        "dqn", "--resume", "runs/done", "--seed", "3")
+    assert "it takes only --total-timesteps, --wandb-resume, --stop-step, --members, --precision, got --seed" in \
+        refused("dqn", "--resume", "runs/done", "--seed", "3")
     assert "cannot resume from" in refused("dqn", "--resume", "runs/nothing-here")
 
     # A mismatched environment: the checkpoint's env state is CartPole's, the env built is Acrobot's.
