@@ -32,17 +32,31 @@ def load_model(directory: Path, algo: str, model: dict[str, nn.Module]) -> tuple
             saved = {next(iter(model)): saved} if len(model) == 1 else saved
         else:
             state = load_checkpoint(holder, algo)  # a lone run's (renamed or not), or the pack's
-            row = 0 if len(state["dirs"]) == 1 else state["dirs"].index(directory.name)
+            if len(state["dirs"]) > 1 and directory.name not in state["dirs"]:
+                fail(f"{directory} has no model.pt, and the checkpoint in {holder} no longer holds it: its pack went "
+                     f"on without it, and no model.pt of it was kept (its members now: {', '.join(state['dirs'])})")
             step = state["counts"][0]
-            saved = {name: state[name] if len(state["dirs"]) == 1 else {
-                key: value[row].reshape(shape.shape) for (key, value), shape in
-                zip(state[name].items(), network.state_dict().values(), strict=True)}
-                for name, network in model.items()}
+            saved = {name: state[name] for name in model} if len(state["dirs"]) == 1 else \
+                member_model(state, state["dirs"].index(directory.name), plain_shapes(model))
         for name, network in model.items():
             network.load_state_dict(saved[name])
     except (OSError, KeyError, RuntimeError, ValueError) as e:
         fail(f"cannot load the networks of {directory} from {source}: {e}")
     return step, source
+
+
+def plain_shapes(model: dict[str, nn.Module]) -> dict[str, dict[str, torch.Size]]:
+    """Each network's tensors' shapes in the plain network (a pack's stacked network knows them: seeds.stacked)."""
+    return {name: getattr(network, "seed_shapes", None) or {key: value.shape for key, value in
+                                                              network.state_dict().items()}
+            for name, network in model.items()}
+
+
+def member_model(state: dict, row: int, shapes: dict[str, dict[str, torch.Size]]) -> dict[str, dict]:
+    """The networks of the pack's member in `row`, from the pack's checkpoint `state`: each a plain state_dict (its
+    tensors cloned: a view of a stacked tensor would save the whole stack)."""
+    return {name: {key: state[name][key][row].reshape(shape).clone() for key, shape in network.items()}
+            for name, network in shapes.items()}
 
 
 def checkpoint_holder(directory: Path, algo: str, pack_dirs: list[str] | None) -> Path | None:

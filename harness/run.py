@@ -44,7 +44,7 @@ from envs import check_video, env_seeds, evaluate, make_vector_env  # isort: ski
 
 from .args import ONE_OFF, algo_of, fail, load_checkpoint
 from .files import save_atomic, write_atomic, write_json_atomic
-from .loading import load_model
+from .loading import load_model, member_model, plain_shapes
 from .members import carried, each, members, packed
 from .members import names as member_names
 from .optim import adam
@@ -83,12 +83,13 @@ class Run:
         self.resumed = load_checkpoint(args.resume, self.algo) if args.resume and not args.evaluate else None
         if args.members and self.resumed is None:
             fail("--members picks the members of a pack that go on: give it with --resume PACK_DIR")
-        self.cut = None  # --members: (the kept members' rows, the pack's size), see cut.py
+        self.cut, self.saved_dirs = None, []  # --members: (the kept members' rows, the pack's size), see cut.py
         if args.evaluate:
             self.dir = Path(args.evaluate)
             args, self.dirs = replace(args, num_seeds=1, pack=()), [self.dir]  # a run directory: one run's networks
             self.members = [args]
         elif self.resumed is not None:
+            self.saved_dirs = [Path(args.resume).parent / name for name in self.resumed["dirs"]]  # before a cut
             args, self.dirs, self.cut = resumed(args, self.resumed, self.extended)
             self.members = members(args)
         else:  # <env>__<exp_name>[__key=value...]__<seed>__<time>, or --run-name (see members.names)
@@ -224,6 +225,7 @@ class Run:
             self.step, self.source = load_model(self.dir, self.algo, self.model)
             return obs, counts
         if state is not None:
+            self._keep_left_out(state)
             obs, counts = restore(self.parts, state, self.cut, self.dir)
             self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
         configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items() if k not in ONE_OFF}
@@ -253,6 +255,18 @@ class Run:
         if self.due is not None:
             self.evaluate(self.due)
         return obs, counts
+
+    def _keep_left_out(self, state: dict) -> None:
+        """--members: each member left out keeps its networks, in its model.pt, before the smaller pack writes its
+        checkpoint over the one that held them (with --no-save-model they were only there)."""
+        missing = [path for path in self.saved_dirs if path not in self.dirs and not (path / "model.pt").exists()]
+        if not missing:
+            return
+        shapes = plain_shapes(self.model)
+        for path in missing:
+            model = member_model(state, self.saved_dirs.index(path), shapes)
+            save_atomic(next(iter(model.values())) if len(model) == 1 else model, path / "model.pt")
+        print(f"kept the networks of {', '.join(path.name for path in missing)}, left out, in their model.pt")
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.signal = self.signal or signal.Signals(signum).name
