@@ -10,8 +10,8 @@ networks, its evaluation policy and the parts a checkpoint saves.
     run = Run(args, extended)              # see run.py for the calls a loop makes
     net = run.networks(make)               # the plain network; a pack: each seed's, stacked (seeds.py)
 
-Like buffers/ and envs/, it imports its own modules relatively; it uses envs/ (one import line in args.py and
-one in run.py).
+Like buffers/ and envs/, it imports its own modules relatively; it uses envs/ (one import line in each of args.py,
+run.py and resume.py).
 """
 
 from .args import Packable, RunArgs, fail, parse_args

@@ -79,9 +79,12 @@ class RunArgs:
     checkpoint_frequency: int = 0  # environment steps between checkpoints (0: only on SIGTERM / Ctrl-C)
 
 
+# Options of one process, not settings of the run: never in a run's config.yaml, nor taken from a --config file.
+ONE_OFF = ("resume", "stop_step", "members", "evaluate")
+
 # What --evaluate and --resume may be given besides the run directory.
 EVALUATE_FLAGS = ("--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track")
-RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members")
+RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members", "--precision")
 
 
 def fail(message: str) -> NoReturn:
@@ -114,8 +117,7 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
             else:
                 saved, source = load_checkpoint(run_dir, algo)["args"], Path(run_dir) / "checkpoint.pt"
             # a resumed run goes on to the end, or to the --stop-step given again
-            saved = {key: value for key, value in saved.items()
-                     if key not in ("evaluate", "resume", "stop_step", "members")}
+            saved = {key: value for key, value in saved.items() if key not in ONE_OFF}
             return tyro.cli(args_class, default=instance(args_class, saved, str(source)), args=argv,
                             description=description)
     config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
@@ -130,7 +132,9 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
 
 
 def config_values(path: str, algo: str) -> dict:
-    """A YAML file of this algorithm's arguments as a mapping (its `algo:` key, if any, must name `algo`)."""
+    """A YAML file of this algorithm's arguments as a mapping (its `algo:` key, if any, must name `algo`); the options
+    of one process (ONE_OFF) that a run directory's config.yaml held before it kept only the run's settings are
+    dropped, said in one line: `--config runs/<run>/config.yaml` trains a new run."""
     try:
         values = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
@@ -140,6 +144,10 @@ def config_values(path: str, algo: str) -> dict:
     named = values.pop("algo", algo)
     if named != algo:
         fail(f"config {path} is for algos/{named}.py, not {algo}.py (drop its algo key to use it anyway)")
+    dropped = [key for key in ONE_OFF if values.pop(key, None) not in (None, 0, [], ())]
+    if dropped:
+        print(f"config {path}: ignoring {', '.join(dropped)} (options of one process, not settings of a run: give "
+              "them as flags)")
     return values
 
 

@@ -11,6 +11,11 @@ What bf16 autocast changes: inside the update, each convolution and linear layer
 master copy), and the Q-values leave the network as fp32, so the TD target, the loss, the TD errors and PER's
 priorities are computed in fp32. Acting and evaluation run the fp32 network. A run is still reproducible bit for bit
 on one machine; a pack's members equal their runs alone to float rounding, as their convolutions already did.
+
+What a run records (harness/run.py): config.yaml keeps the precision asked (auto, say), so that `--config` of it
+chooses again on the machine it runs on; the checkpoint keeps the one chosen, so that `--resume` computes as the run
+did, and refuses where that bf16 cannot run; `--resume DIR --precision fp32` then goes on in fp32, said in one line
+and recorded in summary.json's `precision_changes` (from that step the run computes otherwise than it would have).
 """
 
 from __future__ import annotations
@@ -54,14 +59,15 @@ def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
-def chosen_precision(asked: str, device: torch.device, space: gym.Space,
-                     source: str = "--precision bf16:") -> tuple[str, str]:
+def chosen_precision(asked: str, device: torch.device, space: gym.Space, source: str = "--precision bf16:",
+                     advice: str | None = None) -> tuple[str, str]:
     """(precision, why) for --precision `asked` on `device` with observations `space`; a bf16 this CPU cannot run
-    well is refused in one line, starting with `source` (the flag, or the resumed run that asks for it)."""
+    well is refused in one line, starting with `source` (the flag, or the resumed run that asks for it) and ending with
+    `advice` (by default: which --precision to use instead)."""
     if device.type != "cpu":
         if asked == "bf16":
-            fail(f"{source} bf16 is the CPU's path (bf16 autocast on oneDNN); on a GPU train with fp32 "
-                 "(--precision auto or fp32)")
+            fail(f"{source} bf16 is the CPU's path (bf16 autocast on oneDNN); "
+                 f"{advice or 'on a GPU train with fp32 (--precision auto or fp32)'}")
         return "fp32", "fp32"
     if asked == "fp32" or (asked == "auto" and not is_image(space)):
         return "fp32", "fp32"
@@ -70,12 +76,13 @@ def chosen_precision(asked: str, device: torch.device, space: gym.Space,
         if asked == "auto":
             return "fp32", "fp32: this CPU has no amx_bf16 or avx512_bf16, where bf16 would be slower"
         fail(f"{source} this CPU has neither amx_bf16 nor avx512_bf16, so bf16 would be emulated and slower "
-             "than fp32; use --precision fp32 (or auto)")
+             f"than fp32; {advice or 'use --precision fp32 (or auto)'}")
     error = bf16_runs()
     if error is not None:
         if asked == "auto":
             return "fp32", f"fp32: bf16 autocast does not run here ({error})"
-        fail(f"{source} a bf16 convolution's backward does not run on this CPU ({error}); use --precision fp32")
+        fail(f"{source} a bf16 convolution's backward does not run on this CPU ({error}); "
+             f"{advice or 'use --precision fp32'}")
     return "bf16", f"bf16 autocast in the update (the CPU has {found[0]}; --precision fp32 turns it off)"
 
 

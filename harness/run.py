@@ -16,6 +16,9 @@ A pack (--num-seeds N) is N runs in one process: each seed has its own directory
 model.pt (the plain network's state_dict) and W&B run; the first seed's directory holds the checkpoint of them all.
 SIGTERM or Ctrl-C ends the loop after its step (an evaluation cut short stays due) and writes a checkpoint, so
 --resume goes on bit for bit (Atari: from new games, see envs/state.py).
+
+This file is the run's facade; its parts, one module each: resume.py (checkpoints and --resume), tracking.py (W&B),
+loading.py (--evaluate's loading of a run's networks), with seeds.py and members.py for packs.
 """
 
 from __future__ import annotations
@@ -37,16 +40,18 @@ import torch.nn as nn
 import yaml
 from tqdm import tqdm
 
-from envs import check_video, env_seeds, env_state, evaluate, load_env_state, make_vector_env  # isort: skip
+from envs import check_video, env_seeds, evaluate, make_vector_env  # isort: skip
 
-from .args import algo_of, fail, load_checkpoint
-from .cut import member_rows, part_rows
-from .files import read_json, save_atomic, write_atomic, write_json_atomic
-from .members import carried, each, members, packed, repacked
+from .args import ONE_OFF, algo_of, fail, load_checkpoint
+from .files import save_atomic, write_atomic, write_json_atomic
+from .loading import load_model, member_model, plain_shapes
+from .members import carried, each, members, packed
 from .members import names as member_names
 from .optim import adam
 from .precision import autocast, chosen_precision
+from .resume import restore, resumed, save_checkpoint
 from .seeds import seed_state_dict, stacked
+from .tracking import finish_wandb, log_evaluation, start_wandb
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs and exploration are seeded apart from training's: seed + 10000
 
@@ -78,13 +83,14 @@ class Run:
         self.resumed = load_checkpoint(args.resume, self.algo) if args.resume and not args.evaluate else None
         if args.members and self.resumed is None:
             fail("--members picks the members of a pack that go on: give it with --resume PACK_DIR")
-        self.cut = None  # --members: (the kept members' rows, the pack's size), see cut.py
+        self.cut, self.saved_dirs = None, []  # --members: (the kept members' rows, the pack's size), see cut.py
         if args.evaluate:
             self.dir = Path(args.evaluate)
             args, self.dirs = replace(args, num_seeds=1, pack=()), [self.dir]  # a run directory: one run's networks
             self.members = [args]
         elif self.resumed is not None:
-            args, self.dirs = self._resumed(args)
+            self.saved_dirs = [Path(args.resume).parent / name for name in self.resumed["dirs"]]  # before a cut
+            args, self.dirs, self.cut = resumed(args, self.resumed, self.extended)
             self.members = members(args)
         else:  # <env>__<exp_name>[__key=value...]__<seed>__<time>, or --run-name (see members.names)
             self.members = members(args)
@@ -111,54 +117,8 @@ class Run:
         torch.set_num_threads(args.threads)
         self.signal, self.reached, self.wandb = None, False, None
         self.precision, self.precision_why = "fp32", "fp32"  # make_env chooses (it knows the observations)
+        self.precision_asked, self.precision_changes = args.precision, []
         self.due, self.last, self.recent, self.parts = None, None, [], {}
-
-    def _resumed(self, args):
-        """The arguments and directories of a resumed run: the run goes on in the directory named, wherever it is;
-        a pack's other seeds in the directories beside it, which must be the pack's own (a renamed or partial copy
-        would write into another run's files)."""
-        here, names, step = Path(args.resume), self.resumed["dirs"], self.resumed["counts"][0]
-        if len(names) > 1:
-            if here.name != names[0]:
-                fail(f"{here} holds the checkpoint of a pack of {len(names)} seeds saved in {names[0]}: resume it "
-                     f"under that name, in a copy of the pack's whole folder (its directories keep their names)")
-            missing = [name for name in names[1:] if not (here.parent / name / "config.yaml").is_file()]
-            if missing:
-                fail(f"cannot resume the pack in {here}: the directories of its other seeds ({', '.join(missing)}) "
-                     f"are not beside it in {here.parent}; copy the pack's directories together")
-        saved, total = self.resumed["args"]["total_timesteps"], args.total_timesteps
-        args = replace(args, run_name=here.name)
-        if total < step:
-            fail(f"--total-timesteps {total} is below the step the run reached, {step}")
-        if total != saved:  # train longer: schedules go on from here (see the file's `extended`), member by member
-            args = repacked(args, [self.extended(replace(run, total_timesteps=saved), step, total)
-                                   for run in members(args)])
-        dirs = [here] + [here.parent / name for name in names[1:]]
-        rows = self._kept_rows(here, names, args.members) if args.members else list(range(len(names)))
-        if len(rows) < len(names):
-            args = replace(repacked(args, [members(args)[i] for i in rows]), run_name=names[rows[0]], members=())
-            dirs, self.cut = [dirs[i] for i in rows], (rows, len(names))
-            state = self.resumed
-            envs = len(state["obs"]) // len(names)
-            state["obs"] = state["obs"][member_rows(rows, envs)]
-            state["last"] = state["last"] and (state["last"][0], [state["last"][1][i] for i in rows])
-            for key in ("wandb_ids", "metrics_bytes", "dirs"):
-                state[key] = state[key] and [state[key][i] for i in rows]
-        return replace(args, members=()), dirs
-
-    def _kept_rows(self, here: Path, names: list[str], kept: tuple[str, ...]) -> list[int]:
-        """The rows of the members --members keeps, in the pack's order; what cannot be cut refused in one line."""
-        if len(names) == 1:
-            fail(f"--members picks members of a pack, and {here} holds a lone run's checkpoint")
-        unknown = [name for name in kept if name not in names]
-        if unknown:
-            fail(f"--members {' '.join(unknown)}: not a member of the pack in {here} (its members: {', '.join(names)})")
-        if len(set(kept)) < len(kept):
-            fail(f"--members names a member twice: {' '.join(kept)}")
-        if not self.resumed["env"].get("exact") or (self.resumed.get("rb") or {}).get("frames") is not None:
-            fail(f"--members: the pack in {here} cannot be cut exactly (Atari emulators cannot be saved, and a replay "
-                 "that stores frames once is not cut by member): resume it whole")
-        return [i for i, name in enumerate(names) if name in kept]
 
     # ---- what the algorithm builds through the run ------------------------------------------------------------
 
@@ -177,13 +137,27 @@ class Run:
         return env
 
     def _choose_precision(self, space: gym.Space) -> None:
-        """The update's precision (see precision.py), resolved once and saved as the run's own (config.yaml, the
-        checkpoint), so that a resumed run computes as it did; evaluation runs the fp32 network whatever it was."""
-        asked = "fp32" if self.args.evaluate else self.args.precision
-        source = f"{self.dir} trained with bf16 autocast, but" if self.resumed is not None else "--precision bf16:"
-        self.precision, self.precision_why = chosen_precision(asked, self.device, space, source)
+        """The update's precision (see precision.py), chosen once: config.yaml keeps the one asked (a rerun of it
+        chooses again where it runs), the checkpoint the one chosen, so that a resumed run computes as it did unless
+        --resume is given another --precision (said in one line, recorded in summary.json); evaluation runs the fp32
+        network whatever it was."""
+        asked, state = "fp32" if self.args.evaluate else self.args.precision, self.resumed or {}
+        saved = state["args"]["precision"] if state else None  # what the resumed run computed in
+        source, advice = "--precision bf16:", None
+        if saved == asked == "bf16":  # the run's own bf16, not one given to --resume
+            source = f"{self.dir} trained with bf16 autocast, but"
+            advice = (f"resume it where bf16 runs (a CPU with amx_bf16 or avx512_bf16), or go on in fp32: --resume "
+                      f"{self.dir} --precision fp32 (from then on it computes otherwise than it would have)")
+        self.precision, self.precision_why = chosen_precision(asked, self.device, space, source, advice)
+        self.precision_asked = state.get("precision_asked", saved or asked)
+        self.precision_changes = state.get("precision_changes", [])
+        if saved is not None and self.precision != saved:
+            step = state["counts"][0]
+            self.precision_changes = [*self.precision_changes, {"step": step, "from": saved, "to": self.precision}]
+            print(f"{self.dir} trained with {saved} to step {step} and goes on in {self.precision} (--precision): "
+                  "from here it computes otherwise than it would have")
         self.plain, self.args = (replace(a, precision=self.precision) for a in (self.plain, self.args))
-        self.members = [replace(run, precision=self.precision) for run in self.members]
+        self.members = [replace(run, precision=self.precision_asked) for run in self.members]
 
     def networks(self, make: Callable[[], nn.Module]) -> nn.Module:
         """make() initialised under the run's seed; a pack: each seed's, stacked on a leading seed dimension (a layer
@@ -248,11 +222,14 @@ class Run:
         env, state = parts["env"], self.resumed
         obs, _ = env.reset(seed=env_seeds(self.seeds, self.args.num_envs))
         if self.args.evaluate:
-            self._load_model()
+            self.step, self.source = load_model(self.dir, self.algo, self.model)
             return obs, counts
         if state is not None:
-            obs, counts = self._restore(state)
-        configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items()} for run in self.members]
+            self._keep_left_out(state)
+            obs, counts = restore(self.parts, state, self.cut, self.dir)
+            self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
+        configs = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run).items() if k not in ONE_OFF}
+                   for run in self.members]  # the run's settings: --config of it trains it again, as a new run
         self.metrics, sizes, sent = [], state["metrics_bytes"] if state else [0] * len(self.dirs), []
         self.records = []  # each seed's records so far: the index of its next line of metrics.jsonl
         for config, path, size in zip(configs, self.dirs, sizes, strict=True):
@@ -265,7 +242,8 @@ class Run:
             self.metrics.append(open(path / "metrics.jsonl", "a", buffering=1))  # noqa: SIM115 (closed in finish)
             self.metrics[-1].truncate(size)  # drop what came after the checkpoint
         if self.args.track:
-            self._start_wandb(configs, state["wandb_ids"] if state else None, sent)
+            ids = state["wandb_ids"] if state else None
+            self.wandb, self.wandb_sent = start_wandb(self.args, configs, self.dirs, ids, sent, self.records)
         pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
         print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, {self.precision_why}, settings in "
               f"{self.dir / 'config.yaml'}")
@@ -278,53 +256,17 @@ class Run:
             self.evaluate(self.due)
         return obs, counts
 
-    def _restore(self, state: dict) -> tuple[np.ndarray, tuple]:
-        """Every part from the checkpoint; Atari starts new games (see envs/state.py) with no episode statistics
-        or n-step windows of the old ones."""
-        try:
-            if self.cut is not None:  # --members: every part cut to the kept members' rows (cut.py)
-                rows, n = self.cut
-                state = {**state, **{name: part_rows(part, state[name], rows, n, env_state(part) if name == "env"
-                                                     else None) for name, part in self.parts.items()}}
-            games = load_env_state(self.parts["env"], state["env"])
-            for name, part in self.parts.items():
-                if name == "env" or (games is not None and name in ("recorder", "nstep")):
-                    continue
-                if isinstance(part, list):  # a NumPy generator per seed
-                    for generator, generator_state in zip(part, state[name], strict=True):
-                        generator.bit_generator.state = generator_state
-                else:  # the buffer adopts the memory-mapped storage: no second copy
-                    part.load_state_dict(state[name], **({"copy": False} if name == "rb" else {}))
-            generators(state["generators"])
-        except (KeyError, ValueError, RuntimeError) as e:
-            fail(f"cannot resume from {self.dir}: {e}")
-        self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
-        return (state["obs"].numpy() if games is None else games), state["counts"]
-
-    def _start_wandb(self, configs: list[dict], ids: list[str] | None, sent: list[int]) -> None:
-        """A W&B run per seed, whose step is the record's line in metrics.jsonl (its x-axis global_step, a metric of
-        its own, so a record may come at any global_step: an evaluation run again after a resume included). A
-        resumed run continues its W&B run: resume="allow" with its id (any account, online or offline), and the
-        records W&B already has (the lines written before the stop, after the checkpoint too) are not sent again;
-        --wandb-resume rewind cuts W&B's history back to the checkpoint instead (W&B's run rewind, a preview
-        feature), fork starts a new W&B run from it."""
-        import wandb
-
-        self.wandb, self.wandb_sent = [], [0] * len(configs)
-        for i, (config, path) in enumerate(zip(configs, self.dirs, strict=True)):
-            how = {}
-            if ids and self.args.wandb_resume == "allow":
-                how, self.wandb_sent[i] = {"id": ids[i], "resume": "allow"}, sent[i]
-            elif ids and self.args.wandb_resume == "rewind":
-                how = {"resume_from": f"{ids[i]}?_step={self.records[i]}"}
-            elif ids:
-                how = {"fork_from": f"{ids[i]}?_step={self.records[i]}"}
-            self.wandb.append(wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity,
-                                         group=self.args.wandb_group, name=path.name, config=config,
-                                         dir=str(path.resolve()),  # absolute: wandb-core resolves from its own cwd
-                                         save_code=True, reinit="create_new", **how))
-            self.wandb[-1].define_metric("global_step")
-            self.wandb[-1].define_metric("*", step_metric="global_step")
+    def _keep_left_out(self, state: dict) -> None:
+        """--members: each member left out keeps its networks, in its model.pt, before the smaller pack writes its
+        checkpoint over the one that held them (with --no-save-model they were only there)."""
+        missing = [path for path in self.saved_dirs if path not in self.dirs and not (path / "model.pt").exists()]
+        if not missing:
+            return
+        shapes = plain_shapes(self.model)
+        for path in missing:
+            model = member_model(state, self.saved_dirs.index(path), shapes)
+            save_atomic(next(iter(model.values())) if len(model) == 1 else model, path / "model.pt")
+        print(f"kept the networks of {', '.join(path.name for path in missing)}, left out, in their model.pt")
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.signal = self.signal or signal.Signals(signum).name
@@ -408,19 +350,13 @@ class Run:
         return self.wall_before + time.time() - self.start_time
 
     def checkpoint(self, obs: np.ndarray, counts: tuple) -> None:
-        """checkpoint.pt: all the loop needs to go on bit for bit; written, synced, then renamed into place."""
-        for metrics in self.metrics:
-            metrics.flush()
-            os.fsync(metrics.fileno())
+        """checkpoint.pt: all the loop needs to go on bit for bit (resume.py)."""
         state = {"algo": self.algo, "args": asdict(self.plain), "counts": counts, "obs": torch.as_tensor(obs),
                  "due": self.due, "last": self.last, "recent": self.recent,
                  "wandb_ids": [w.id for w in self.wandb] if self.wandb else None,
-                 "metrics_bytes": [metrics.tell() for metrics in self.metrics], "generators": generators(),
-                 "dirs": [path.name for path in self.dirs], "wall_s": self.wall_s()}
-        for name, part in self.parts.items():
-            state[name] = [g.bit_generator.state for g in part] if isinstance(part, list) else \
-                env_state(part) if name == "env" else part.state_dict()
-        save_atomic(state, self.dir / "checkpoint.pt")
+                 "dirs": [path.name for path in self.dirs], "wall_s": self.wall_s(),
+                 "precision_asked": self.precision_asked, "precision_changes": self.precision_changes}
+        save_checkpoint(self.dir / "checkpoint.pt", state, self.parts, self.metrics)
 
     def finish(self, obs: np.ndarray, counts: tuple) -> dict | list[dict]:
         """The final evaluation, a checkpoint (when stopped or checkpointing), each seed's model.pt, summary.json and
@@ -455,19 +391,14 @@ class Run:
                        "interrupted": bool(self.signal) or paused,  # paused: evaluated, to be resumed
                        "train_sps": (step - self.start_step) / max(train_time, 1e-9),
                        "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
-                       "pack_dirs": [p.name for p in self.dirs]}
+                       "pack_dirs": [p.name for p in self.dirs], "precision": self.precision}
+            if self.precision_changes:  # --resume --precision: the steps before were computed in another
+                summary["precision_changes"] = self.precision_changes
             write_json_atomic(summary, path / "summary.json")
             summaries.append(summary)
             self.metrics[i].close()
             if self.wandb is not None:
-                video = path / "videos" / "eval-episode-0.mp4"
-                if video.exists():
-                    import wandb
-
-                    self.wandb[i].log({"global_step": step, "media/video": wandb.Video(str(video))},
-                                      step=self.records[i])
-                self.wandb[i].summary.update({k: v for k, v in summary.items() if not isinstance(v, list)})
-                self.wandb[i].finish()
+                finish_wandb(self.wandb[i], path, step, self.records[i], summary)
             result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
             print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {path}")
         return summaries[0] if len(summaries) == 1 else summaries
@@ -478,48 +409,6 @@ class Run:
         """Seed i's model.pt: the plain network's state_dict (several networks: a state_dict for each name)."""
         model = {name: seed_state_dict(network, i) for name, network in self.model.items()}
         return next(iter(model.values())) if len(model) == 1 else model
-
-    def _load_model(self) -> None:
-        """--evaluate: the networks from model.pt, or from the checkpoint when the run saved no model (a pack's
-        seed: its row of the pack's checkpoint, which is in the first seed's directory)."""
-        summary = read_json(self.dir / "summary.json") or {}
-        self.step, model_file = summary.get("global_step"), self.dir / "model.pt"
-        self.source = "model.pt" if model_file.exists() else "checkpoint.pt"
-        holder = None if model_file.exists() else self._checkpoint_holder(summary.get("pack_dirs"))
-        if not model_file.exists() and holder is None:
-            fail(f"{self.dir} has no model.pt, and no checkpoint.pt holds its networks: nothing to evaluate")
-        try:
-            if model_file.exists():
-                model = torch.load(model_file, weights_only=True)
-                model = {next(iter(self.model)): model} if len(self.model) == 1 else model
-            else:
-                state = load_checkpoint(holder, self.algo)  # a lone run's (renamed or not), or the pack's
-                row = 0 if len(state["dirs"]) == 1 else state["dirs"].index(self.dir.name)
-                self.step = state["counts"][0]
-                model = {name: state[name] if len(state["dirs"]) == 1 else {
-                    key: value[row].reshape(shape.shape) for (key, value), shape in
-                    zip(state[name].items(), network.state_dict().values(), strict=True)}
-                    for name, network in self.model.items()}
-            for name, network in self.model.items():
-                network.load_state_dict(model[name])
-        except (OSError, KeyError, RuntimeError, ValueError) as e:
-            fail(f"cannot load the networks of {self.dir} from {self.source}: {e}")
-
-    def _checkpoint_holder(self, pack_dirs: list[str] | None) -> Path | None:
-        """The directory whose checkpoint.pt holds this run's networks: its own (a lone run, or a pack's first
-        member), or its pack's first member's, named by summary.json, else (a pack stopped before it wrote one) found
-        beside it from the pack's own record of its members: a checkpoint whose list of run directories holds this
-        one (the members' seeds and values say nothing of their pack: seeds 1 and 3, or 1 and 1)."""
-        if (self.dir / "checkpoint.pt").exists():
-            return self.dir
-        if pack_dirs:
-            holder = self.dir.parent / pack_dirs[0]
-            return holder if (holder / "checkpoint.pt").exists() else None
-        for candidate in sorted(p.parent for p in self.dir.parent.glob("*/checkpoint.pt")):
-            if read_yaml(candidate / "config.yaml").get("algo") == self.algo and \
-                    self.dir.name in load_checkpoint(candidate, self.algo)["dirs"]:
-                return candidate
-        return None
 
     def _reevaluate(self) -> dict:
         """--evaluate: one record, evaluations/<time>.json (settings and every episode's return), the video beside
@@ -541,14 +430,7 @@ class Run:
             video.rmdir()
         write_json_atomic(record, out / f"{stamp}.json")
         if args.track:  # into the run's own W&B run
-            import wandb
-
-            ids = [path.name.rsplit("-", 1)[-1] for path in sorted((self.dir / "wandb").glob("*run-*-*"))]
-            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, id=ids[-1] if ids else None,
-                             resume="allow", dir=str(self.dir.resolve()))
-            run.log({"evaluate/return_mean": mean, "evaluate/return_std": std}
-                    | ({"evaluate/video": wandb.Video(str(out / record["video"]))} if video else {}))
-            run.finish()
+            log_evaluation(args, self.dir, mean, std, out / record["video"] if video else None)
         self.parts["env"].close()
         print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
@@ -592,22 +474,3 @@ class LearnerGraphs:
         self.pool, self.graphs[counts] = graph.pool(), (graph, out)
         graph.replay()  # this call's work
         return out
-
-
-def read_yaml(path: Path) -> dict:
-    """A YAML mapping from `path`, or {} when it is missing or unreadable."""
-    try:
-        value = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def generators(state: tuple | None = None) -> tuple:
-    """The global generators' states (Python, legacy NumPy, torch); with `state`, restore them first."""
-    if state is not None:
-        random.setstate(state[0])
-        np.random.set_state((state[1][0], np.array(state[1][1], dtype=np.uint32), *state[1][2:]))
-        torch.set_rng_state(state[2])
-    legacy = np.random.get_state()
-    return random.getstate(), (legacy[0], legacy[1].tolist(), *legacy[2:]), torch.get_rng_state()

@@ -1,6 +1,6 @@
 """Copy one file and go: each algorithm file, copied with `buffers/`, `envs/` and `harness/` into an empty directory
 (as a researcher copies it into their own code), runs there as a script and leaves a complete run directory;
-renamed packages work after changing only their import lines (the file's, and harness's two of envs)."""
+renamed packages work after changing only their import lines (the file's, and harness's of envs)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_renamed_packages_work_after_changing_only_the_import_lines(tmp_path):
     names: the packages import their own modules relatively, so only the `from <package> import` lines change."""
     work = copied(tmp_path, "per_dqn", buffers="zoo_buffers", envs="zoo_envs", harness="zoo_harness")
     changed = [p.name for p in (work / "zoo_harness").glob("*.py") if "zoo_envs" in p.read_text()]
-    assert sorted(changed) == ["args.py", "run.py"]  # the README names these two
+    assert sorted(changed) == ["args.py", "resume.py", "run.py"]  # the README names these three
     for name in ("buffers", "envs", "harness"):  # the research code's own packages of those names, in the way
         (work / name).mkdir()
         (work / name / "__init__.py").write_text("raise ImportError('the research code's own package')\n")

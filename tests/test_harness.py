@@ -374,6 +374,17 @@ def test_config_values_of_the_right_type_are_taken():
     assert isinstance(args.limit, float)
 
 
+def test_a_config_holding_the_options_of_a_process_gives_the_runs_settings_alone(tmp_path, capsys):
+    """A run directory's config.yaml as it was written before it kept only the run's settings (resume, stop_step,
+    members: the options of the process that wrote it): --config of it drops them, said in one line, and takes the
+    rest. Fails if they are taken (the rerun resumed the old run, or paused at its step)."""
+    path = tmp_path / "config.yaml"
+    path.write_text("algo: dqn\nresume: runs/s\nstop_step: 1000\nmembers: [a, b]\nevaluate: null\nseed: 3\n")
+    args = parse(dqn, ["--config", str(path), "--run-name", "s2"])
+    assert (args.resume, args.stop_step, args.members, args.evaluate, args.seed) == (None, 0, (), None, 3)
+    assert f"config {path}: ignoring resume, stop_step, members (options of one process" in capsys.readouterr().out
+
+
 # ---- runs of dqn.py: evaluations, packs, --evaluate ---------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """Some members of a pack going on as a smaller pack (`--resume HOLDER --members NAME ...`, successive halving's rungs):
 a pack of 4 paused at a step (--stop-step) and resumed with two of its members, or one, each kept member ends as the
 same member of the pack never paused, which is its run alone: model.pt, final evaluation and metrics.jsonl, bit for
-bit. And what cannot be cut is refused in one line."""
+bit. A member's config.yaml reruns it alone; a member left out keeps its networks; what cannot be cut is refused in
+one line."""
 
 from __future__ import annotations
 
@@ -69,6 +70,51 @@ def test_kept_members_that_share_a_setting_go_on_as_a_pack_holding_it_once(tmp_p
     trained(tmp_path, "per_dqn", "--resume", "runs/cut0", "--members", "cut0", "cut2")
     for i in (0, 2):
         assert_same(outcome(tmp_path / "runs" / f"cut{i}"), outcome(tmp_path / "runs" / f"whole{i}"), episodes=2)
+
+
+def test_the_config_of_a_member_that_went_on_or_was_left_out_reruns_it_alone(tmp_path):
+    """A pack of 4 paused at a step, then members 1 and 3 went on: `--config` of member 3's config.yaml (it went on)
+    and of member 2's (left out at the pause) each trains a new run alone, to the end, equal to that member of the
+    pack never paused. Fails if config.yaml holds the one-off options of the process that wrote it: member 3's rerun
+    resumed the pack's checkpoint as one run (`zip() argument 2 is longer than argument 1`), member 2's paused."""
+    packed(tmp_path, "dqn", "whole")
+    packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"])
+    trained(tmp_path, "dqn", "--resume", "runs/cut0", "--members", "cut1", "cut3")
+    runs = tmp_path / "runs"
+    for i in (3, 2):
+        trained(tmp_path, "dqn", "--config", f"runs/cut{i}/config.yaml", "--run-name", f"again{i}")
+        assert json.loads((runs / f"again{i}" / "summary.json").read_text())["interrupted"] is False
+        assert_same(outcome(runs / f"again{i}"), outcome(runs / f"whole{i}"), episodes=2)
+
+
+def test_a_member_left_out_keeps_its_networks_without_model_pt(tmp_path):
+    """--no-save-model: a pack of 4 paused at a step holds its networks only in its checkpoint; members 0 and 1 go on
+    and pause again, writing their checkpoint over it. `--evaluate` of member 2 (left out) still plays its final
+    evaluation again, from its own model.pt. Fails if the left-out members' networks are kept nowhere else ("'cut2'
+    is not in list")."""
+    packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"], "--no-save-model")
+    runs = tmp_path / "runs"
+    assert not list(runs.glob("*/model.pt"))
+    out = trained(tmp_path, "dqn", "--resume", "runs/cut0", "--members", "cut0", "cut1", "--stop-step", "2000")
+    assert "kept the networks of cut2, cut3, left out, in their model.pt" in out, out
+    assert not (runs / "cut0" / "model.pt").exists()  # a kept member saves none, as asked
+    for i in (2, 3):
+        out = trained(tmp_path, "dqn", "--evaluate", f"runs/cut{i}")
+        record = json.loads(next((runs / f"cut{i}" / "evaluations").glob("*.json")).read_text())
+        assert record["networks"] == "model.pt" and record["global_step"] == int(STOP["dqn"]), out
+        assert record["returns"] == json.loads((runs / f"cut{i}" / "summary.json").read_text())["eval_returns"]
+
+
+def test_evaluate_of_a_member_whose_networks_were_overwritten_says_so_in_one_line(tmp_path):
+    """A left-out member whose networks the pack's checkpoint no longer holds (as a pack that went on before its
+    left-out members were kept leaves it): --evaluate says what happened in one line, not "'cut2' is not in list"."""
+    packed(tmp_path, "dqn", "cut", "--stop-step", STOP["dqn"], "--no-save-model")
+    trained(tmp_path, "dqn", "--resume", "runs/cut0", "--members", "cut0", "cut1", "--stop-step", "2000")
+    (tmp_path / "runs" / "cut2" / "model.pt").unlink(missing_ok=True)  # what a pack that kept none leaves
+    out = trained(tmp_path, "dqn", "--evaluate", "runs/cut2", code=1)
+    assert out.strip().splitlines()[-1] == (
+        "error: runs/cut2 has no model.pt, and the checkpoint in runs/cut0 no longer holds it: its pack went on "
+        "without it, and no model.pt of it was kept (its members now: cut0, cut1)"), out
 
 
 def test_what_cannot_be_cut_is_refused_in_one_line(tmp_path):

@@ -117,17 +117,18 @@ def fake_evaluations(monkeypatch):
 def test_bf16_trains_reproducibly_with_fp32_q_values(tmp_path, monkeypatch, fake_evaluations):
     """On a bf16 CPU, auto trains Pong's CNN under bf16 autocast: two runs are the same bit for bit, both differ from
     the fp32 run (so autocast is on), by little (so the master weights are fp32), and the logged Q-values and TD
-    errors are fp32 numbers. config.yaml records the precision the run took."""
+    errors are fp32 numbers. config.yaml records the precision asked, summary.json the one the run took."""
     monkeypatch.chdir(tmp_path)
     algo = load_algo("per_dqn")
-    for name, precision in (("a", "auto"), ("b", "bf16"), ("c", "fp32")):
-        algo.main(parse(algo, pong(name, "--precision", precision)))
+    took = {name: algo.main(parse(algo, pong(name, "--precision", precision)))["precision"]
+            for name, precision in (("a", "auto"), ("b", "bf16"), ("c", "fp32"))}
+    assert took == {"a": "bf16", "b": "bf16", "c": "fp32"}
     a, b, c = (model(tmp_path / "runs" / name) for name in "abc")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert records(tmp_path / "runs" / "a") == records(tmp_path / "runs" / "b")
     assert not all(torch.equal(a[k], c[k]) for k in a)
     assert all(a[k].dtype == torch.float32 and torch.allclose(a[k], c[k], atol=1e-2) for k in a)
-    assert yaml.safe_load((tmp_path / "runs" / "a" / "config.yaml").read_text())["precision"] == "bf16"
+    assert yaml.safe_load((tmp_path / "runs" / "a" / "config.yaml").read_text())["precision"] == "auto"
     assert yaml.safe_load((tmp_path / "runs" / "c" / "config.yaml").read_text())["precision"] == "fp32"
     losses = [r for r in records(tmp_path / "runs" / "a") if "losses/q_values" in r]
     in_bf16 = [torch.tensor(r[key]).bfloat16().float().item() == r[key] for r in losses
@@ -155,8 +156,8 @@ def test_a_bf16_checkpoint_resumes_in_bf16_and_is_refused_where_bf16_is_not(tmp_
     assert (stopped / "checkpoint.pt").read_bytes() == checkpoint
     for run_dir in (stopped, copy):
         summary = algo.main(parse(algo, ["--resume", str(run_dir)]))
-        assert not summary["interrupted"] and summary["global_step"] == 480
-        assert yaml.safe_load((run_dir / "config.yaml").read_text())["precision"] == "bf16"
+        assert not summary["interrupted"] and summary["global_step"] == 480 and summary["precision"] == "bf16"
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["precision"] == "auto"  # as asked
     assert records(stopped) == records(copy) and any("losses/td_loss" in r for r in records(stopped))
     assert all(torch.equal(model(copy)[k], v) for k, v in model(stopped).items())
 
@@ -240,3 +241,52 @@ def test_the_cnn_update_under_bf16_is_the_one_of_the_fp32_quotient_bit_for_bit(n
         runs[key] = outputs + [p.detach().clone() for p in network.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(runs["now"], runs["before"], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(runs["now"], runs["fp32"], strict=True))
+
+
+def test_a_bf16_checkpoint_refused_here_gives_advice_that_works(tmp_path, monkeypatch, flags, capsys):
+    """A run whose checkpoint says bf16, resumed on a CPU without bf16 and on a GPU: each refusal names the
+    run and advises `--resume DIR --precision fp32`, which --resume takes: the run goes on in fp32, says so in one
+    line, and summary.json records the step from which it computed in fp32. Fails if the advice is a flag --resume
+    refuses. (The checkpoint is a CartPole run's marked bf16, as one saved on a bf16 CPU is: the choice is the
+    same for any network once bf16 is asked.)"""
+    monkeypatch.chdir(tmp_path)
+    algo = load_algo("dqn")
+    tiny = ["--total-timesteps", "600", "--learning-starts", "100", "--eval-episodes", "2", "--no-cuda"]
+    algo.main(parse(algo, [*tiny, "--run-name", "s", "--stop-step", "300"]))
+    state = torch.load("runs/s/checkpoint.pt", weights_only=True)
+    state["args"]["precision"] = "bf16"
+    torch.save(state, "runs/s/checkpoint.pt")
+    advice = "go on in fp32: --resume runs/s --precision fp32"
+    flags({"avx2"})
+    with pytest.raises(SystemExit, match=r"^error: runs/s trained with bf16 autocast, but this CPU has neither") as no:
+        algo.main(parse(algo, ["--resume", "runs/s"]))
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        state["args"]["cuda"] = True
+        torch.save(state, "runs/s/checkpoint.pt")
+        with pytest.raises(SystemExit, match="^error: runs/s trained with bf16 autocast, but bf16 is the CPU's") as gpu:
+            algo.main(parse(algo, ["--resume", "runs/s"]))
+    assert advice in str(no.value) and advice in str(gpu.value) and "\n" not in str(no.value) + str(gpu.value)
+    state["args"]["cuda"] = False
+    torch.save(state, "runs/s/checkpoint.pt")
+    capsys.readouterr()
+    summary = algo.main(parse(algo, ["--resume", "runs/s", "--precision", "fp32"]))
+    assert "runs/s trained with bf16 to step 300 and goes on in fp32 (--precision)" in capsys.readouterr().out
+    assert summary["global_step"] == 600 and not summary["interrupted"] and summary["precision"] == "fp32"
+    assert summary["precision_changes"] == [{"step": 300, "from": "bf16", "to": "fp32"}]
+
+
+@needs_bf16
+def test_config_yaml_keeps_the_precision_asked_so_it_reruns_where_bf16_is_not(tmp_path, monkeypatch, flags,
+                                                                               fake_evaluations):
+    """A Pong run of auto on a bf16 CPU trains in bf16: its config.yaml says auto (summary.json: bf16), so `--config`
+    of it on a CPU without bf16 trains a new run in fp32. Fails if config.yaml holds the precision chosen (that
+    rerun was refused: bf16 asked where it cannot run)."""
+    monkeypatch.chdir(tmp_path)
+    algo = load_algo("per_dqn")
+    summary = algo.main(parse(algo, pong("a")))
+    assert summary["precision"] == "bf16"
+    assert yaml.safe_load(Path("runs/a/config.yaml").read_text())["precision"] == "auto"
+    flags({"avx2"})
+    summary = algo.main(parse(algo, ["--config", "runs/a/config.yaml", "--run-name", "b"]))
+    assert summary["precision"] == "fp32" and summary["global_step"] == 480

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.algo_utils import ROOT
 
@@ -122,8 +123,8 @@ def test_resume_refuses_bad_checkpoints_and_other_flags_and_changes_nothing(tmp_
         return out.stderr
 
     assert "not of per_dqn.py" in refused("per_dqn", "--resume", "runs/done")
-    assert "it takes only --total-timesteps, --wandb-resume, --stop-step, --members, got --seed" in refused(
-        "dqn", "--resume", "runs/done", "--seed", "3")
+    assert "it takes only --total-timesteps, --wandb-resume, --stop-step, --members, --precision, got --seed" in \
+        refused("dqn", "--resume", "runs/done", "--seed", "3")
     assert "cannot resume from" in refused("dqn", "--resume", "runs/nothing-here")
 
     # A mismatched environment: the checkpoint's env state is CartPole's, the env built is Acrobot's.
@@ -166,3 +167,21 @@ def test_a_signal_during_the_final_evaluation_still_writes_the_summary(tmp_path)
     assert summary["interrupted"] is True and summary["eval_returns"] == [] and summary["global_step"] == 600, out
     out = finished(start(tmp_path, "dqn", "--resume", "runs/evaluating", "--total-timesteps", "600"))
     assert "over 5000 episodes | 600 steps" in out
+
+
+def test_the_config_of_a_paused_and_resumed_run_trains_a_new_run_equal_to_it(tmp_path):
+    """A run paused (--stop-step) and resumed to its end: `--config runs/s/config.yaml --run-name s2` trains a new run
+    in runs/s2, equal to runs/s, and leaves runs/s as it was. Fails if config.yaml holds the one-off options of the
+    process that wrote it (`resume`: the rerun resumed runs/s under its old name, rewriting its summary.json and
+    metrics.jsonl; `stop_step`: it paused at the step)."""
+    argv = [*CASES["dqn"], *COMMON, "--total-timesteps", "2000"]
+    finished(start(tmp_path, "dqn", *argv, "--run-name", "s", "--stop-step", "1000"))
+    finished(start(tmp_path, "dqn", "--resume", "runs/s"))
+    runs = tmp_path / "runs"
+    before = {p.name: p.read_bytes() for p in (runs / "s").iterdir() if p.is_file()}
+    config = yaml.safe_load((runs / "s" / "config.yaml").read_text())
+    assert not {"resume", "stop_step", "members", "evaluate"} & config.keys(), config
+    out = finished(start(tmp_path, "dqn", "--config", "runs/s/config.yaml", "--run-name", "s2"))
+    assert "run runs/s2 " in out and "2000 steps" in out, out
+    assert {p.name: p.read_bytes() for p in (runs / "s").iterdir() if p.is_file()} == before
+    assert_same(outcome(runs / "s"), outcome(runs / "s2"))
