@@ -382,12 +382,13 @@ class Run:
             if args.save_model:
                 save_atomic(self._seed_model(i), path / "model.pt")
             returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
+            capped = self.last[2] if len(self.last) > 2 else []  # a checkpoint of older code: not counted
             std = float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
             mean, std = (float(np.mean(returns)), std) if returns else (None, None)
             summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
                        "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
                        "eval_returns": returns, "global_step": step, "updates": counts[1],
-                       "eval_capped": self.last[2][i] if self.signal is None and len(self.last) > 2 else None,
+                       "eval_capped": capped[i] if self.signal is None and i < len(capped) else None,
                        "interrupted": bool(self.signal) or paused,  # paused: evaluated, to be resumed
                        "train_sps": (step - self.start_step) / max(train_time, 1e-9),
                        "wall_time_s": self.wall_s(), "num_seeds": len(self.seeds),
@@ -422,8 +423,8 @@ class Run:
         mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
         record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
                   "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
-                  "returns": returns, "mean": mean, "std": std, "capped": self.capped[0], "video": None,
-                  "time": stamp}
+                  "returns": returns, "mean": mean, "std": std, "capped": self.capped[0] if self.capped else None,
+                  "video": None, "time": stamp}
         if video is not None:  # env 0's first episode: the first return
             record["video"] = f"{stamp}-episode-0-return-{returns[0]:g}.mp4"
             os.replace(video / "eval-episode-0.mp4", out / record["video"])
