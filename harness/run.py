@@ -382,7 +382,7 @@ class Run:
             if args.save_model:
                 save_atomic(self._seed_model(i), path / "model.pt")
             returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
-            capped = self.last[2] if len(self.last) > 2 else []  # a checkpoint of older code: not counted
+            capped = self.last[2] if self.last is not None and len(self.last) > 2 else []  # older checkpoints: none
             std = float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
             mean, std = (float(np.mean(returns)), std) if returns else (None, None)
             summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
