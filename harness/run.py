@@ -258,7 +258,10 @@ class Run:
 
     def _keep_left_out(self, state: dict) -> None:
         """--members: each member left out keeps its networks, in its model.pt, before the smaller pack writes its
-        checkpoint over the one that held them (with --no-save-model they were only there)."""
+        checkpoint over the one that held them (with --no-save-model they were only there). Only --members leaves
+        members out: a run resumed from a copy of its directory leaves the original as it is."""
+        if self.cut is None:
+            return
         missing = [path for path in self.saved_dirs if path not in self.dirs and not (path / "model.pt").exists()]
         if not missing:
             return

@@ -7,6 +7,7 @@ one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,20 @@ def test_a_member_left_out_keeps_its_networks_without_model_pt(tmp_path):
         record = json.loads(next((runs / f"cut{i}" / "evaluations").glob("*.json")).read_text())
         assert record["networks"] == "model.pt" and record["global_step"] == int(STOP["dqn"]), out
         assert record["returns"] == json.loads((runs / f"cut{i}" / "summary.json").read_text())["eval_returns"]
+
+
+def test_a_lone_run_resumed_from_a_copy_of_its_directory_leaves_the_original_as_it_was(tmp_path):
+    """A lone run paused with --no-save-model (its networks only in its checkpoint), its directory copied and the
+    copy resumed: the copy finishes and the original's files are untouched (no model.pt written into it). Fails if
+    the resume takes the original, named in the checkpoint, for a member left out of a pack."""
+    trained(tmp_path, "dqn", *CASES["dqn"], *COMMON, "--stop-step", STOP["dqn"], "--no-save-model",
+            "--run-name", "alone")
+    runs = tmp_path / "runs"
+    before = {path.name: path.read_bytes() for path in (runs / "alone").iterdir()}
+    shutil.copytree(runs / "alone", runs / "copy")
+    trained(tmp_path, "dqn", "--resume", "runs/copy")
+    assert json.loads((runs / "copy" / "summary.json").read_text())["interrupted"] is False
+    assert {path.name: path.read_bytes() for path in (runs / "alone").iterdir()} == before
 
 
 def test_evaluate_of_a_member_whose_networks_were_overwritten_says_so_in_one_line(tmp_path):
