@@ -106,8 +106,8 @@ def parse_verbose(lines: list[str], steps: int) -> list[dict]:
                   key=lambda r: -r["ms_per_step"])
 
 
-def child(options) -> None:
-    """Runs the steps under ONEDNN_VERBOSE (set by the parent) and prints MARK before the measured ones."""
+def warmed_learner(options):
+    """(algo, env, learn): per_dqn's Pong learner step on the options' threads, batch and precision, warmed up."""
     torch.set_num_threads(options.threads)
     algo = load_algo("per_dqn")
     args = parse(algo, ["--env", "PongNoFrameskip-v4", "--batch-size", str(options.batch_size), "--no-cuda"])
@@ -115,6 +115,12 @@ def child(options) -> None:
     learn = learner(algo, args, rb, env, options.precision)
     for _ in range(options.warmup):
         learn(1, 0)
+    return algo, env, learn
+
+
+def child(options) -> None:
+    """Runs the steps under ONEDNN_VERBOSE (set by the parent) and prints MARK before the measured ones."""
+    _, _, learn = warmed_learner(options)
     print(MARK, flush=True)
     for _ in range(options.steps):
         learn(1, 0)
@@ -134,13 +140,7 @@ def main() -> None:
     if options.child:
         return child(options)
 
-    torch.set_num_threads(options.threads)
-    algo = load_algo("per_dqn")
-    args = parse(algo, ["--env", "PongNoFrameskip-v4", "--batch-size", str(options.batch_size), "--no-cuda"])
-    rb, env = pong_buffer(algo, args)
-    learn = learner(algo, args, rb, env, options.precision)
-    for _ in range(options.warmup):
-        learn(1, 0)
+    algo, env, learn = warmed_learner(options)
     times = []
     for _ in range(options.steps):
         start = time.perf_counter()
