@@ -92,7 +92,7 @@ def pixels(obs: torch.Tensor) -> torch.Tensor:
     the fp32 quotient), without writing that fp32 copy; a batch [B, C, H, W] in channels_last there, the layout
     oneDNN's bf16 convolutions compute in, so no reorder runs before and after each of them. The update's results
     stay bit for bit those of `obs.float() / 255` (tests/test_precision.py); about 1.14x faster per Pong update
-    on one thread of an Intel Xeon with AMX (benchmarks/cpu_ops.py)."""
+    on one thread of an Intel Xeon with AMX (benchmarks/cpu_learner.py, variants bf16_fp32_in and bf16)."""
     if obs.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return obs.float() / 255.0
     x = obs.to(torch.get_autocast_dtype("cpu")) / 255.0
