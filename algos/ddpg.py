@@ -157,7 +157,6 @@ def check_args(args: Args) -> None:
 def main(args: Args) -> dict | list[dict]:
     run = Run(args, check=check_args)  # the run directory, W&B, evaluations, checkpoints, signals: harness/
     args, device, seeds = run.args, run.device, run.seeds  # a pack (--num-seeds): tensors get a leading seed dim
-    torch.set_flush_denormal(True)  # Adam's moments of dead units decay into subnormals: 2x slower steps on x86
     env = run.make_env()  # num_envs per seed: seed i's in rows i * num_envs ... (i + 1) * num_envs - 1
     if not isinstance(env.single_action_space, gym.spaces.Box):
         fail(f"DDPG needs a continuous (Box) action space; {args.env} has {env.single_action_space} "

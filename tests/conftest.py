@@ -19,16 +19,22 @@ _CUDA = pytest.param(
 )
 
 
+@pytest.fixture(autouse=True)
+def subnormals_kept():
+    """Each test ends with torch's default, subnormal floats kept: a run (harness.Run) flushes them process-wide."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture
 def main_in_tmp_path(tmp_path, monkeypatch):
     """For tests that call an algorithm's main(): runs write under tmp_path, W&B is off, and main's
-    process-wide torch settings (threads, DDPG's flush-to-zero) are put back afterwards."""
+    thread count is put back afterwards (flush-to-zero: subnormals_kept)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)  # torch's default
 
 
 @pytest.fixture(params=["cpu", _CUDA])

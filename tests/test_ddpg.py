@@ -26,11 +26,10 @@ def _offline(monkeypatch):
 
 @pytest.fixture
 def threads():
-    """Restore the process-wide torch settings main() changes: thread count and flush-to-zero."""
+    """Restore the thread count main() sets (flush-to-zero: conftest's subnormals_kept)."""
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
-    torch.set_flush_denormal(False)  # torch's default
 
 
 def smoke_args(env: str, run_name: str, **overrides) -> ddpg.Args:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -527,3 +528,31 @@ def test_model_pt_of_a_run_loads_into_the_plain_network():
     assert network(torch.zeros(2, 4)).shape == (2, 2)
     with torch.no_grad():
         assert np.isfinite(F.softmax(network(torch.zeros(1, 4)), -1).numpy()).all()
+
+
+SUBNORMALS_AFTER_RUN = """
+import torch
+from harness.run import Run
+from tests.algo_utils import load_algo, parse
+
+algo = load_algo("dqn")
+Run(parse(algo, ["--env", "CartPole-v1", "--threads", "2", "--no-cuda", "--run-name", "r"]))
+x = torch.full((4_000_000,), 1 << 20, dtype=torch.int32).view(torch.float32)  # 1.5e-39 from its bits, no rounding
+x = x * 1.0  # one op the 2 threads split: each flushes its half or keeps it
+print(int((x != 0).sum()))
+"""
+
+
+def test_a_run_flushes_subnormals_on_every_thread(tmp_path):
+    """A run computes with subnormal floats flushed to zero (x86 computes with them many times slower: Adam's
+    moments of weights whose gradient stays 0 decay through them), on every thread of a 2-thread run, in a fresh
+    process as a user starts one. Fails if the run keeps subnormals (4M stay), or sets the flag after the thread pool
+    started (the workers keep them: about 2M stay)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", SUBNORMALS_AFTER_RUN], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0", f"{done.stdout.split()[-1]} of 4000000 subnormals were kept"
