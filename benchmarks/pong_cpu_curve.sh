@@ -7,9 +7,13 @@ python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__1 --
   --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR" \
   --machine "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast, 2 threads, 8 envs, shared with other jobs" \
   --segments 0:0 31856:668 34184:695
-# Seed 2, on a 2-vCPU Intel Xeon with AMX, one torch thread (other jobs used the second core), continued with --resume.
+# Seeds 2 and 3, on a 2-vCPU Intel Xeon with AMX, one torch thread (other jobs used the second core), continued with
+# --resume. Seed 2 computed with subnormal floats kept to step 240,000 (the code then) and flushed to zero after it.
 python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__2 --name pong_cpu_bf16_2 \
   --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR" \
+  --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step 240,000"
+python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__3 --name pong_cpu_bf16_3 \
+  --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR" \
   --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core shared with other jobs"
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
