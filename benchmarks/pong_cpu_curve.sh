@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CPU Pong runs' curves as far as they went: benchmarks/results/pong_cpu_bf16*.json and .png (see pong_curve.py).
+# The CPU Atari runs' curves as far as they went: benchmarks/results/{pong,breakout}_cpu_bf16*.json and .png
+# (see pong_curve.py), then the table and a figure per game (atari_table.py).
 # The run: seed 1 of the Atari preset with 25k-step evaluations and checkpoints, stopped and continued with --resume;
 # its first two processes (to steps 31,856 and 34,184) logged no wall time, so their segments are given.
 cd "$(dirname "$0")/.."
@@ -14,6 +15,13 @@ python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__2 --
   --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step 240,000"
 python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__3 --name pong_cpu_bf16_3 \
   --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR" \
-  --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core shared with other jobs"
+  --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core used by other jobs part of the time"
+# Breakout, seeds 1 and 2 to 1M agent steps, on a 2-vCPU Intel Xeon with AMX, one torch thread, continued with --resume.
+for seed in 1 2; do
+  [ -d runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed ] || continue
+  python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed --name breakout_cpu_bf16_$seed \
+    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR" \
+    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core used by other jobs part of the time"
+done
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
