@@ -115,9 +115,9 @@ class Run:
         torch.manual_seed(self.seeds[0])
         torch.backends.cudnn.deterministic = True
         torch.set_num_threads(args.threads)
-        # x86 computes with subnormal floats (below 1.2e-38) about 100x slower; Adam's moments of weights whose
-        # gradient stays 0 decay through them, which made a Pong update 2x slower by 200k steps. Set before the
-        # thread pool starts: its threads take the main thread's setting when they are created.
+        # x86 computes with subnormal floats (below 1.2e-38) many times slower; Adam's moments of weights whose
+        # gradient stays 0 decay through them, which made a Pong run 1.87x slower by 225k steps
+        # (benchmarks/pong_subnormals.py). Set before the thread pool starts: its threads take it when created.
         torch.set_flush_denormal(True)
         self.signal, self.reached, self.wandb = None, False, None
         self.precision, self.precision_why = "fp32", "fp32"  # make_env chooses (it knows the observations)

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -548,9 +550,6 @@ def test_a_run_flushes_subnormals_on_every_thread(tmp_path):
     moments of weights whose gradient stays 0 decay through them), on every thread of a 2-thread run, in a fresh
     process as a user starts one. Fails if the run keeps subnormals (4M stay), or sets the flag after the thread pool
     started (the workers keep them: about 2M stay)."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, "-c", SUBNORMALS_AFTER_RUN], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
