@@ -84,7 +84,8 @@ ONE_OFF = ("resume", "stop_step", "members", "evaluate")
 
 # What --evaluate and --resume may be given besides the run directory.
 EVALUATE_FLAGS = ("--eval-episodes", "--eval-epsilon", "--seed", "--capture-video", "--track")
-RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members", "--precision")
+# --threads: a resumed run may use the cores of the machine it continues on (fewer while they are shared).
+RESUME_FLAGS = ("--total-timesteps", "--wandb-resume", "--stop-step", "--members", "--precision", "--threads")
 
 
 def fail(message: str) -> NoReturn:

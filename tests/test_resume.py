@@ -123,8 +123,8 @@ def test_resume_refuses_bad_checkpoints_and_other_flags_and_changes_nothing(tmp_
         return out.stderr
 
     assert "not of per_dqn.py" in refused("per_dqn", "--resume", "runs/done")
-    assert "it takes only --total-timesteps, --wandb-resume, --stop-step, --members, --precision, got --seed" in \
-        refused("dqn", "--resume", "runs/done", "--seed", "3")
+    assert ("it takes only --total-timesteps, --wandb-resume, --stop-step, --members, --precision, --threads, "
+            "got --seed") in refused("dqn", "--resume", "runs/done", "--seed", "3")
     assert "cannot resume from" in refused("dqn", "--resume", "runs/nothing-here")
 
     # A mismatched environment: the checkpoint's env state is CartPole's, the env built is Acrobot's.
@@ -145,8 +145,9 @@ def test_resume_can_train_longer_and_appends_to_the_metrics(tmp_path):
                    "--no-anneal-lr"))  # an annealed learning rate ends at 0: such a run is not extended
     run = tmp_path / "runs" / "short"
     first = (run / "metrics.jsonl").read_text()
-    out = finished(start(tmp_path, "dqn", "--resume", "runs/short", "--total-timesteps", "3000"))
+    out = finished(start(tmp_path, "dqn", "--resume", "runs/short", "--total-timesteps", "3000", "--threads", "2"))
     assert "3000 steps" in out
+    assert yaml.safe_load((run / "config.yaml").read_text())["threads"] == 2  # the cores of the machine it goes on
     metrics = (run / "metrics.jsonl").read_text()
     assert metrics.startswith(first) and json.loads(metrics.splitlines()[-1])["global_step"] == 3000
     assert json.loads((run / "summary.json").read_text())["global_step"] == 3000
