@@ -16,12 +16,16 @@ python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__2 --
 python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__3 --name pong_cpu_bf16_3 \
   --command "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR" \
   --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core used by other jobs part of the time"
-# Breakout, seeds 1 and 2 to 1M agent steps, on a 2-vCPU Intel Xeon with AMX, one torch thread, continued with --resume.
+# Breakout, seeds 1 and 2 to 1M agent steps, on a 2-vCPU Intel Xeon with AMX, continued with --resume: one torch
+# thread while other jobs used the second core, two (--resume RUN_DIR --threads 2) while the run had both.
+threads_1="1 thread to step 111,984, then 2 threads, the run alone on both cores"
+threads_2="1 thread"
 for seed in 1 2; do
   [ -d runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed ] || continue
+  threads_var=threads_$seed
   python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed --name breakout_cpu_bf16_$seed \
-    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR" \
-    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread, 8 envs, the other core used by other jobs part of the time"
+    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR [--threads 2]" \
+    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
 done
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
