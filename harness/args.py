@@ -101,7 +101,7 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
                argv: list[str] | None = None):
     """The command line on top of its defaults: the --config file's, else the Atari `preset` for an Atari id
     (announced in one line), else the dataclass's; with --resume, the run's saved arguments (only
-    --total-timesteps may change); with --evaluate, the run's config.yaml (and only EVALUATE_FLAGS)."""
+    RESUME_FLAGS may be given); with --evaluate, the run's config.yaml (and only EVALUATE_FLAGS)."""
     argv = [part for arg in (sys.argv[1:] if argv is None else argv)
             for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
     algo = algo_of(args_class)
