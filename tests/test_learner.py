@@ -16,7 +16,7 @@ from tensordict import TensorDict, TensorDictBase, from_module
 import harness.run
 from buffers import PrioritizedReplayBuffer, ReplayBuffer
 from harness import adam, stacked
-from harness.run import LearnerGraphs
+from harness.graphs import LearnerGraphs
 from tests.algo_utils import load_algo, parse, tiny_args
 
 ALGOS = {name: load_algo(name) for name in ("dqn", "per_dqn", "nstep_dqn")}
