@@ -19,7 +19,7 @@ python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__3 --
 # Breakout, seeds 1 and 2 to 1M agent steps, on a 2-vCPU Intel Xeon with AMX, continued with --resume: one torch
 # thread while other jobs used the second core, two (--resume RUN_DIR --threads 2) while the run had both.
 threads_1="1 thread to step 111,984, then 2 threads, the run alone on both cores"
-threads_2="1 thread"
+threads_2="1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), then 1 thread beside the 1M-buffer run below"
 for seed in 1 2; do
   [ -d runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed ] || continue
   threads_var=threads_$seed
@@ -27,5 +27,12 @@ for seed in 1 2; do
     --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR [--threads 2]" \
     --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
 done
+# What holds Breakout: seed 1 again with a 1M-transition replay buffer, the preset otherwise (not a row of the table:
+# its name does not match *_cpu_bf16*). Its steps are those of seed 1 until the preset's 100k buffer first wraps.
+if [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 ]; then
+  python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 --name breakout_buffer1M_1 \
+    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 --eval-frequency 50000 --checkpoint-frequency 0 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued with --resume RUN_DIR" \
+    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread beside Breakout seed 2, 8 envs"
+fi
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
