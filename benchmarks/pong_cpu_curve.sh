@@ -19,7 +19,7 @@ python benchmarks/pong_curve.py runs/PongNoFrameskip-v4__per_dqn__cpu_bf16__3 --
 # Breakout, seeds 1 and 2 to 1M agent steps, on a 2-vCPU Intel Xeon with AMX, continued with --resume: one torch
 # thread while other jobs used the second core, two (--resume RUN_DIR --threads 2) while the run had both.
 threads_1="1 thread to step 111,984, then 2 threads, the run alone on both cores"
-threads_2="1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), then 1 thread beside the 1M-buffer run below"
+threads_2="1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), 1 thread to 650,000 beside the 1M-buffer run below, then 2 threads alone"
 for seed in 1 2; do
   [ -d runs/BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed ] || continue
   threads_var=threads_$seed
