@@ -445,4 +445,3 @@ class Run:
         print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
         return record
-
