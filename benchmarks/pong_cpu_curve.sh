@@ -32,7 +32,7 @@ done
 if [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 ]; then
   python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 --name breakout_buffer1M_1 \
     --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 --eval-frequency 50000 --checkpoint-frequency 0 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued with --resume RUN_DIR" \
-    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread beside Breakout seed 2, 8 envs"
+    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs"
 fi
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
