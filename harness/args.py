@@ -125,11 +125,20 @@ def parse_args(args_class: type, description: str | None = None, preset: dict | 
     default = instance(args_class, config_values(config, algo), f"config {config}") if config else None
     args = tyro.cli(args_class, default=default, args=argv, description=description)
     if preset and config is None and is_atari(args.env):
-        print(f"{args.env} is an Atari game: using the Atari preset "
-              f"({', '.join(f'{key}={value}' for key, value in preset.items())}); --config or flags override it")
         args = tyro.cli(args_class, default=instance(args_class, preset, "the Atari preset"), args=argv,
                         description=description)
+        print(preset_line(args, preset), flush=True)
     return args
+
+
+def preset_line(args, preset: dict) -> str:
+    """The one line that announces the Atari preset: its values in effect, then those the flags changed (each
+    with the preset's value), so that a flag given is seen to be taken."""
+    kept = [f"{key}={value}" for key, value in preset.items() if getattr(args, key) == value]
+    changed = [f"{key}={getattr(args, key)} (preset {value})" for key, value in preset.items()
+               if getattr(args, key) != value]
+    line = f"{args.env} is an Atari game: using the Atari preset ({', '.join(kept)})"
+    return line + (f"; set by flags: {', '.join(changed)}" if changed else "; --config or flags override it")
 
 
 def config_values(path: str, algo: str) -> dict:

@@ -18,8 +18,8 @@ SIGTERM or Ctrl-C ends the loop after its step (an evaluation cut short stays du
 --resume goes on bit for bit (Atari: from new games, see envs/state.py).
 
 This file is the run's facade; its parts, one module each: resume.py (checkpoints and --resume), tracking.py (W&B),
-loading.py (--evaluate's loading of a run's networks), graphs.py (--cudagraphs' replay of the learner), with seeds.py
-and members.py for packs.
+loading.py (--evaluate's loading of a run's networks), progress.py (what it prints while it trains), graphs.py
+(--cudagraphs' replay of the learner), with seeds.py and members.py for packs.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from .members import carried, each, members, packed
 from .members import names as member_names
 from .optim import adam
 from .precision import autocast, chosen_precision
+from .progress import Progress
 from .resume import restore, resumed, save_checkpoint
 from .seeds import seed_state_dict, stacked
 from .tracking import finish_wandb, log_evaluation, start_wandb
@@ -252,9 +253,8 @@ class Run:
             self.wandb, self.wandb_sent = start_wandb(self.args, configs, self.dirs, ids, sent, self.records)
         pack = f" (and {len(self.dirs) - 1} more seeds beside it)" if len(self.dirs) > 1 else ""
         print(f"{'resuming' if state else 'run'} {self.dir}{pack} on {self.device}, {self.precision_why}, settings in "
-              f"{self.dir / 'config.yaml'}")
-        self.bar = tqdm(total=self.args.total_timesteps, initial=counts[0], unit="step", mininterval=1.0,
-                        disable=not sys.stderr.isatty())
+              f"{self.dir / 'config.yaml'}", flush=True)  # seen at once in a log file
+        self.progress = Progress(self.args.total_timesteps, counts[0])
         self.handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.start_time, self.start_step, self.eval_time = time.time(), counts[0], 0.0
         self.wall_before = state.get("wall_s", 0.0) if state else 0.0  # the run's time up to its checkpoint
@@ -310,8 +310,7 @@ class Run:
         if crossed(1000, previous, step):
             sps = (step - self.start_step) / (time.time() - self.start_time - self.eval_time)
             self.log(step, {"charts/SPS": sps, "charts/wall_time_s": round(self.wall_s(), 1)})  # a curve in time
-            self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(SPS=f"{sps:.0f}", recent_return=f"{np.mean(self.recent):.1f}" if self.recent else "-")
+            self.progress.update(step, sps, self.recent)
         if crossed(self.args.eval_frequency, previous, step):
             self.evaluate(step)
         if crossed(self.args.checkpoint_frequency, previous, step):
@@ -338,8 +337,9 @@ class Run:
                    "policy stalled (on Atari, one that does not press FIRE after a lost life waits there)")
         tqdm.write(message)
 
-    def evaluate(self, step: int, video: bool = False) -> None:
-        """The evaluation due at `step`, logged once; a signal cuts it short and leaves it due (see start)."""
+    def evaluate(self, step: int, video: bool = False, final: bool = False) -> None:
+        """The evaluation due at `step`, logged once (a periodic one also printed in a line; the final one has its
+        own, see finish); a signal cuts it short and leaves it due (see start)."""
         self.due, tick, logged = step, time.time(), self.last is not None and self.last[0] == step
         try:
             returns = self.evaluation(video_dirs=[str(path / "videos") for path in self.dirs] if video else None,
@@ -351,6 +351,8 @@ class Run:
         self.due, self.last = None, (step, returns, self.capped)
         if not logged:  # a final evaluation at the step of a periodic one is that one (run again for a video)
             self.log(step, {"eval/episodic_return": [np.mean(seed_returns) for seed_returns in returns]})
+            if not final:
+                self.progress.evaluation(step, returns)
             self.stalled(step)
         self.reached = self.args.stop_return is not None and np.mean(returns[0]) >= self.args.stop_return
 
@@ -374,7 +376,7 @@ class Run:
             return self._reevaluate()
         args, step, train_time = self.args, counts[0], time.time() - self.start_time - self.eval_time
         if self.signal is None and (self.last is None or self.last[0] != step or args.capture_video):
-            self.evaluate(step, video=args.capture_video)
+            self.evaluate(step, video=args.capture_video, final=True)
         paused = self.signal is None and not self.reached and step < args.total_timesteps  # at --stop-step
         if self.signal is not None or paused or args.checkpoint_frequency:  # after the loop's own at this step, which
             self.checkpoint(obs, counts)  # a kill during the final evaluation falls back to; this one holds its returns
@@ -385,7 +387,7 @@ class Run:
             print(f"stopped by {self.signal} at step {step}; continue: python {sys.argv[0]} --resume {self.dir}")
         elif paused:
             print(f"paused at step {step} (--stop-step), evaluated; continue: python {sys.argv[0]} --resume {self.dir}")
-        self.bar.close()
+        self.progress.close()
         summaries = []
         for i, (seed, path) in enumerate(zip(self.seeds, self.dirs, strict=True)):
             if args.save_model:

@@ -698,11 +698,16 @@ def test_pong_config_is_the_atari_preset(capsys, name):
 
 @pytest.mark.parametrize("name", DQNS)
 def test_flags_and_configs_override_the_atari_preset(tmp_path, capsys, name):
-    """A flag changes its own value and keeps the rest of the preset; a --config file replaces the preset."""
+    """A flag changes its own value and keeps the rest of the preset, and the line announcing the preset says
+    which flag changed what (the value taken, the preset's beside it); a --config file replaces the preset."""
     algo = ALGOS[name]
     preset = algo.ATARI_PRESET
+    capsys.readouterr()
     args = parse(algo, ["--env", "PongNoFrameskip-v4", "--learning-rate", "0.5"])
     assert args.learning_rate == 0.5 and args.batch_size == preset["batch_size"] != algo.Args().batch_size
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(f"; set by flags: learning_rate=0.5 (preset {preset['learning_rate']})"), line
+    assert f"batch_size={preset['batch_size']}" in line and "learning_rate=" not in line.split(";")[0], line
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"env": "PongNoFrameskip-v4", "learning_rate": 0.25}))
     capsys.readouterr()
