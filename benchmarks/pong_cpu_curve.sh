@@ -27,12 +27,19 @@ for seed in 1 2; do
     --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR [--threads 2]" \
     --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
 done
-# What holds Breakout: seed 1 again with a 1M-transition replay buffer, the preset otherwise (not a row of the table:
-# its name does not match *_cpu_bf16*). Its steps are those of seed 1 until the preset's 100k buffer first wraps.
-if [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 ]; then
-  python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__1 --name breakout_buffer1M_1 \
-    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 --eval-frequency 50000 --checkpoint-frequency 0 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued with --resume RUN_DIR" \
-    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs"
-fi
+# What holds Breakout: seeds 1 and 2 again with a 1M-transition replay buffer, the preset otherwise (not rows of the
+# table: their names do not match *_cpu_bf16*). Seed 1's steps are those of the preset's seed 1 until the preset's
+# 100k buffer first wraps.
+buffer_threads_1="1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone"
+buffer_threads_2="2 threads, 1 from step 99,744 to 235,320 (tests on the other core)"
+for seed in 1 2; do
+  [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed ] || continue
+  threads_var=buffer_threads_$seed
+  # seed 1 was started with --threads 1 and no periodic checkpoints, seed 2 with --threads 2 and one every 250k steps
+  checkpoints=$([ $seed = 1 ] && echo 0 || echo 250000)
+  python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed --name breakout_buffer1M_$seed \
+    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --buffer-size 1000000 --eval-frequency 50000 --checkpoint-frequency $checkpoints --threads $seed --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed, continued with --resume RUN_DIR [--threads N]" \
+    --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
+done
 # Every Atari curve in one table and a figure per game.
 python benchmarks/atari_table.py
