@@ -336,6 +336,7 @@ class Run:
         message = (f"evaluation at step {step}: {counts} episodes ended at the episode cap, not by the game: the "
                    "policy stalled (on Atari, one that does not press FIRE after a lost life waits there)")
         tqdm.write(message)
+        sys.stdout.flush()  # without a terminal stdout is block-buffered: the warning would wait for the next line
 
     def evaluate(self, step: int, video: bool = False, final: bool = False) -> None:
         """The evaluation due at `step`, logged once (a periodic one also printed in a line; the final one has its
