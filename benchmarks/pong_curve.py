@@ -18,11 +18,14 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from atari_table import GOALS, game_and_seed  # noqa: E402  (the table's goals: the dotted line is the game's)
 
 
 def curve(run_dir: Path, segments: list[tuple[int, float]]) -> dict:
@@ -62,6 +65,7 @@ def figure(data: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     episodes, evaluations = data["training_episodes"], data["evaluations"]
+    goal = GOALS.get(game_and_seed(data)[0])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
     for ax, key, scale, label in ((axes[0], "global_step", 1e3, "agent steps (thousands)"),
                                   (axes[1], "wall_s", 3600, "wall time (hours)")):
@@ -74,12 +78,13 @@ def figure(data: dict, path: Path, title: str) -> None:
         points = [e for e in evaluations if e[key] is not None]
         ax.plot([e[key] / scale for e in points], [e["eval/episodic_return"] for e in points], "o-", color="C3",
                 label="evaluation (10 episodes)")
-        ax.axhline(18, color="k", linestyle=":", linewidth=1)
+        if goal is not None:
+            ax.axhline(goal, color="k", linestyle=":", linewidth=1, label=f"goal ({goal:g})")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("return")
     axes[0].legend(loc="lower right", fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.fill(line, 120) for line in title.splitlines()), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
