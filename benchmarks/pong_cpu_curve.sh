@@ -31,7 +31,7 @@ done
 # table: their names do not match *_cpu_bf16*). Seed 1's steps are those of the preset's seed 1 until the preset's
 # 100k buffer first wraps.
 buffer_threads_1="1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone"
-buffer_threads_2="2 threads, 1 from step 99,744 to 235,320 (tests on the other core)"
+buffer_threads_2="2 threads, 1 from step 99,744 to 235,320 (tests on the other core); resumed alone at 701,352"
 for seed in 1 2; do
   [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed ] || continue
   threads_var=buffer_threads_$seed
