@@ -31,22 +31,34 @@ class Progress:
                   f"recent return {recent_return} | about {left} of training left", flush=True)
 
     def evaluation(self, step: int, returns: list[list[float]]) -> None:
-        tqdm.write(evaluation_line(step, returns))
-        sys.stdout.flush()
+        say(evaluation_line(step, returns))
 
     def close(self) -> None:
         self.bar.close()
 
 
+def say(line: str) -> None:
+    """A line between the bar's redraws, seen at once also where stdout is a file (block-buffered there)."""
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (0 for a single value)."""
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def spread(values: list[float], unit: str) -> str:
+    mean, std = mean_std(values)
+    return f"{mean:.1f} ± {std:.1f} over {len(values)} {unit}"
+
+
 def evaluation_line(step: int, returns: list[list[float]]) -> str:
     """One seed: the mean ± sample std of its episodes; a pack: of its seeds' means, each seed's mean beside."""
     if len(returns) == 1:
-        episodes = returns[0]
-        std = np.std(episodes, ddof=1) if len(episodes) > 1 else 0.0
-        return f"evaluation at step {step:,}: {np.mean(episodes):.1f} ± {std:.1f} over {len(episodes)} episodes"
+        return f"evaluation at step {step:,}: {spread(returns[0], 'episodes')}"
     means = [float(np.mean(episodes)) for episodes in returns]
-    return (f"evaluation at step {step:,}: {np.mean(means):.1f} ± {np.std(means, ddof=1):.1f} over {len(means)} "
-            f"seeds ({', '.join(f'{mean:.1f}' for mean in means)})")
+    return f"evaluation at step {step:,}: {spread(means, 'seeds')} ({', '.join(f'{mean:.1f}' for mean in means)})"
 
 
 def duration(seconds: float) -> str:

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import yaml
-from tqdm import tqdm
 
 from envs import check_video, env_seeds, evaluate, make_vector_env  # isort: skip
 
@@ -51,7 +50,7 @@ from .members import carried, each, members, packed
 from .members import names as member_names
 from .optim import adam
 from .precision import autocast, chosen_precision
-from .progress import Progress
+from .progress import Progress, mean_std, say, spread
 from .resume import restore, resumed, save_checkpoint
 from .seeds import seed_state_dict, stacked
 from .tracking import finish_wandb, log_evaluation, start_wandb
@@ -335,8 +334,7 @@ class Run:
         counts = ", ".join(f"{n} of {self.args.eval_episodes}" for n in self.capped)
         message = (f"evaluation at step {step}: {counts} episodes ended at the episode cap, not by the game: the "
                    "policy stalled (on Atari, one that does not press FIRE after a lost life waits there)")
-        tqdm.write(message)
-        sys.stdout.flush()  # without a terminal stdout is block-buffered: the warning would wait for the next line
+        say(message)
 
     def evaluate(self, step: int, video: bool = False, final: bool = False) -> None:
         """The evaluation due at `step`, logged once (a periodic one also printed in a line; the final one has its
@@ -395,8 +393,7 @@ class Run:
                 save_atomic(self._seed_model(i), path / "model.pt")
             returns = self.last[1][i] if self.signal is None else []  # a stopped run has no final evaluation
             capped = self.last[2] if self.last is not None and len(self.last) > 2 else []  # older checkpoints: none
-            std = float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
-            mean, std = (float(np.mean(returns)), std) if returns else (None, None)
+            mean, std = mean_std(returns) if returns else (None, None)
             summary = {"run_name": path.name, "env": args.env, "algo": args.exp_name, "seed": seed,
                        "eval_return_mean": mean, "eval_return_std": std, "eval_episodes": len(returns),
                        "eval_returns": returns, "global_step": step, "updates": counts[1],
@@ -412,7 +409,7 @@ class Run:
             self.metrics[i].close()
             if self.wandb is not None:
                 finish_wandb(self.wandb[i], path, step, self.records[i], summary)
-            result = f"{mean:.1f} ± {std:.1f} over {len(returns)} episodes" if returns else "none"
+            result = spread(returns, "episodes") if returns else "none"
             print(f"final evaluation: {result} | {step} steps | {summary['wall_time_s']:.0f} s | {path}")
         return summaries[0] if len(summaries) == 1 else summaries
 
@@ -432,7 +429,7 @@ class Run:
         video = out / f"{stamp}-video" if args.capture_video else None
         returns = self.evaluation(video_dirs=[str(video)] if video else None)[0]
         self.stalled(self.step)
-        mean, std = float(np.mean(returns)), float(np.std(returns, ddof=1)) if len(returns) > 1 else 0.0
+        mean, std = mean_std(returns)
         record = {"run": str(self.dir), "networks": self.source, "global_step": self.step, "seed": args.seed,
                   "eval_episodes": args.eval_episodes, "eval_epsilon": getattr(args, "eval_epsilon", None),
                   "returns": returns, "mean": mean, "std": std, "capped": self.capped[0] if self.capped else None,
@@ -445,6 +442,6 @@ class Run:
         if args.track:  # into the run's own W&B run
             log_evaluation(args, self.dir, mean, std, out / record["video"] if video else None)
         self.parts["env"].close()
-        print(f"final evaluation: {mean:.1f} ± {std:.1f} over {len(returns)} episodes | {self.step} steps | "
+        print(f"final evaluation: {spread(returns, 'episodes')} | {self.step} steps | "
               f"{time.time() - start:.0f} s | {out / (stamp + '.json')}")
         return record
