@@ -30,15 +30,17 @@ done
 # What holds Breakout: seeds 1 and 2 again with a 1M-transition replay buffer, the preset otherwise (not rows of the
 # table: their names do not match *_cpu_bf16*). Seed 1's steps are those of the preset's seed 1 until the preset's
 # 100k buffer first wraps.
+# Each seed's own flags, as it was started, and its threads over the run.
+buffer_flags_1="--checkpoint-frequency 0 --threads 1"
+buffer_flags_2="--checkpoint-frequency 250000 --threads 2"
 buffer_threads_1="1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone"
 buffer_threads_2="2 threads, 1 from step 99,744 to 235,320 (tests on the other core); resumed alone at 701,352"
 for seed in 1 2; do
   [ -d runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed ] || continue
+  flags_var=buffer_flags_$seed
   threads_var=buffer_threads_$seed
-  # seed 1 was started with --threads 1 and no periodic checkpoints, seed 2 with --threads 2 and one every 250k steps
-  checkpoints=$([ $seed = 1 ] && echo 0 || echo 250000)
   python benchmarks/pong_curve.py runs/BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed --name breakout_buffer1M_$seed \
-    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --buffer-size 1000000 --eval-frequency 50000 --checkpoint-frequency $checkpoints --threads $seed --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed, continued with --resume RUN_DIR [--threads N]" \
+    --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --buffer-size 1000000 --eval-frequency 50000 ${!flags_var} --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__$seed, continued with --resume RUN_DIR [--threads N]" \
     --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
 done
 # Every Atari curve in one table and a figure per game.
