@@ -27,9 +27,9 @@ for seed in 1 2; do
     --command "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed $seed --eval-frequency 50000 --checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__$seed, continued with --resume RUN_DIR [--threads 2]" \
     --machine "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast, ${!threads_var}, 8 envs"
 done
-# What holds Breakout: seeds 1 and 2 again with a 1M-transition replay buffer, the preset otherwise (not rows of the
-# table: their names do not match *_cpu_bf16*). Seed 1's steps are those of the preset's seed 1 until the preset's
-# 100k buffer first wraps.
+# What holds Breakout: seeds 1 and 2 again with a 1M-transition replay buffer, the preset otherwise (rows of the table
+# whose settings say --buffer-size 1000000). Seed 1's steps are those of the preset's seed 1 until the preset's 100k
+# buffer first wraps.
 # Each seed's own flags, as it was started, and its threads over the run.
 buffer_flags_1="--checkpoint-frequency 0 --threads 1"
 buffer_flags_2="--checkpoint-frequency 250000 --threads 2"
