@@ -106,7 +106,8 @@ def test_an_atari_video_shows_the_game_in_colour():
     algo = ALGOS["dqn"]
     args = parse(algo, ["--env", "PongNoFrameskip-v4", "--total-timesteps", "200", "--learning-starts", "100",
                             "--buffer-size", "1000", "--eval-episodes", "1", "--eval-frequency", "0",
-                            "--checkpoint-frequency", "0", "--no-cuda", "--run-name", "pong", "--save-model"])
+                            "--checkpoint-frequency", "0", "--threads", "1", "--no-cuda", "--run-name", "pong",
+                            "--save-model"])
     algo.main(args)
     record = evaluate("dqn", Path("runs/pong"), "--capture-video")
     frames = np.stack(imageio.mimread(Path("runs/pong/evaluations") / record["video"], memtest=False))

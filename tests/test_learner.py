@@ -143,7 +143,7 @@ def test_vector_atari_keeps_one_update_per_agent_step_and_the_target_period(monk
         args = parse(algo, ["--env", "PongNoFrameskip-v4", "--num-envs", str(num_envs), "--total-timesteps", "480",
                             "--learning-starts", "160", "--target-network-frequency", "64", "--buffer-size", "1000",
                             "--batch-size", "4", "--no-cuda", "--eval-frequency", "0", "--checkpoint-frequency", "0",
-                            "--run-name", f"pong{num_envs}", "--train-frequency", "1"])
+                            "--threads", "1", "--run-name", f"pong{num_envs}", "--train-frequency", "1"])
         summary = algo.main(args)
         seen[num_envs] = (summary["global_step"], summary["updates"], len(lerps))
     assert seen[1] == seen[8] == (480, 320, 5)

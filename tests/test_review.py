@@ -79,7 +79,7 @@ def test_the_atari_preset_trains_a_few_hundred_steps_on_the_cpu(tmp_path, monkey
     algo = ALGOS[name]
     args = parse(algo, ["--env", "PongNoFrameskip-v4", "--total-timesteps", "300", "--learning-starts", "200",
                             "--buffer-size", "1000", "--eval-episodes", "1", "--eval-frequency", "0",
-                            "--checkpoint-frequency", "0", "--no-cuda", "--run-name", "pong"])
+                            "--checkpoint-frequency", "0", "--threads", "1", "--no-cuda", "--run-name", "pong"])
     assert "Atari preset" in capsys.readouterr().out
     summary = algo.main(args)
     envs, train_frequency = algo.ATARI_PRESET["num_envs"], algo.ATARI_PRESET["train_frequency"]
