@@ -54,7 +54,7 @@ def game_and_seed(data: dict) -> tuple[str, int]:
 
 def settings(data: dict) -> str:
     """The flags of a run's command that change what the preset learns ("preset" where it has none)."""
-    flags = re.findall(r"--buffer-size \d+", data.get("command", ""))
+    flags = re.findall(r"--(?:buffer-size|batch-size|train-frequency) \d+", data.get("command", ""))
     return ", ".join(flags) or "preset"
 
 
@@ -92,13 +92,13 @@ def order(data: dict) -> tuple[str, bool, int]:
 
 def finals(game: str, other: bool, curves: list[dict]) -> str | None:
     """One line for a game and its settings: the final evaluations of the seeds that ran to the end, mean ± std."""
-    runs = [d for d in curves if order(d)[:2] == (game, other) and d.get("final_evaluation")
-            and not d["final_evaluation"].get("interrupted")]
+    runs = sorted((d for d in curves if order(d)[:2] == (game, other) and d.get("final_evaluation")
+                   and not d["final_evaluation"].get("interrupted")), key=order)
     if not runs:
         return None
-    values = [d["final_evaluation"]["eval_return_mean"] for d in sorted(runs, key=order)]
+    values = [d["final_evaluation"]["eval_return_mean"] for d in runs]
     spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
-    seeds = ", ".join(str(game_and_seed(d)[1]) for d in sorted(runs, key=order))
+    seeds = ", ".join(str(game_and_seed(d)[1]) for d in runs)
     return (f"- {game}, {settings(runs[0])}: final evaluation {statistics.mean(values):.1f}{spread} over seeds {seeds} "
             f"({', '.join(f'{v:.1f}' for v in values)})")
 
