@@ -51,8 +51,9 @@ def evaluate(
     presses FIRE stalls one episode for at most that; otherwise only the env's own time limit).
     Pass less for quick periodic evaluations. A capped episode counts as truncated: its return
     so far is reported and that sub-env is reset. Given a list `capped`, it gets, per group (one
-    int for an int `seed`), how many of the group's reported episodes the cap ended: a policy that
-    stalls a game is then seen, not only timed.
+    int for an int `seed`), how many of the group's reported episodes reached the cap without
+    ending (terminating), whether this function or the env's own time limit cut them: a policy
+    that stalls a game is then seen, not only timed.
 
     `abort`, if given, is asked before every step; when it returns True the evaluation stops by
     raising KeyboardInterrupt (its envs closed), so a long evaluation can be cut short.
@@ -93,7 +94,12 @@ def evaluate(
             action = policy(obs)
             obs, reward, terminated, truncated, info = env.step(action)
             done = terminated | truncated
-            at_cap = ~done & (stats.lengths + 1 >= (max_episode_steps or np.inf))
+            # A game that reaches the cap without a game over is capped, whoever ends it: on Atari the
+            # default cap and ale-py's own 108,000-frame limit fall on the same step, which the env
+            # reports as truncated; only the episodes the env did not end are reset here.
+            reached = stats.lengths + 1 >= (max_episode_steps or np.inf)
+            at_cap = ~done & reached
+            capped_now = ~terminated & reached
             for i, mirror in mirrors.items():
                 if mirror.recording:
                     mirror.step(action[i], float(reward[i]), bool(done[i] or at_cap[i]))
@@ -101,7 +107,7 @@ def evaluate(
                 if quota[i] > 0:
                     quota[i] -= 1
                     returns[i // num_envs].append(ret)
-                    stalled[i // num_envs] += bool(at_cap[i])
+                    stalled[i // num_envs] += bool(capped_now[i])
             if at_cap.any() and quota.any():
                 # sub-envs not in the mask go on: both vector envs report their current obs
                 obs, _ = env.reset(options={"reset_mask": at_cap})

@@ -72,6 +72,16 @@ def test_a_stalled_evaluation_ends_at_the_cap_and_says_so(monkeypatch):
     assert capped == [0, 0]
 
 
+def test_a_game_stalled_to_the_default_cap_is_counted_though_ale_py_truncates_it():
+    """At the default cap of 27,000 agent steps ale-py's own 108,000-frame limit ends the game on the same step
+    (as truncated): the game still reached the cap without a game over and is counted as capped."""
+    assert evaluate_module.ATARI_MAX_EPISODE_STEPS * 4 == 108_000
+    capped: list[int] = []
+    returns = evaluate("BreakoutNoFrameskip-v4", lambda obs: np.full(len(obs), NOOP), 1, seed=0, num_envs=1,
+                       capped=capped)
+    assert returns == [0.0] and capped == [1]
+
+
 def test_an_evaluation_episode_is_a_whole_game_and_its_video_shows_it(tmp_path):
     """Random play evaluated for one episode with a video: replayed action by action in a fresh env of the same
     seed, the episode is one whole game (five lives, four lost before the game over, which is its last step), its
