@@ -86,21 +86,36 @@ def available_memory(device: torch.device) -> tuple[int, str] | None:
     return min(found) if found else None
 
 
-def check_fits(nbytes: int, device: torch.device, what: str) -> None:
-    """Raise MemoryError, naming the bytes needed and available, unless `nbytes` more fit on `device`.
+class TooLarge(MemoryError):
+    """check_fits' refusal: the bytes `needed`, those `available` (and where that number comes from, `source`),
+    and the largest capacity that fits (`fits`, with its bytes `fits_bytes`; None where not asked)."""
+
+    def __init__(self, message: str, needed: int, available: tuple[int, str], fits: int | None, fits_bytes: float):
+        super().__init__(message)
+        self.needed, (self.available, self.source), self.fits, self.fits_bytes = needed, available, fits, fits_bytes
+
+
+def check_fits(nbytes: int, device: torch.device, what: str, per_item: float | None = None) -> None:
+    """Raise TooLarge (a MemoryError), naming the bytes needed and available, unless `nbytes` more fit on `device`.
 
     Called before allocating storage: torch.empty does not touch its pages, so without this
     check a buffer too big for the machine fails late (an allocator error, or the kernel's
     out-of-memory kill hours into a run, once the buffer has filled). Where the available
-    memory is unknown, nothing is checked.
+    memory is unknown, nothing is checked. Given the bytes of one item, the refusal also names the
+    largest capacity, in tens of thousands, that fits in 90% of what is available (the rest of the
+    process needs some too).
     """
     available = available_memory(device)
-    if available is not None and nbytes > available[0]:
-        raise MemoryError(
-            f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.2f} GiB) on {device}, but only "
-            f"{available[0]:,} bytes ({available[0] / 2**30:.2f} GiB) are available ({available[1]}); "
-            "use a smaller capacity or free memory"
-        )
+    if available is None or nbytes <= available[0]:
+        return
+    fits = None if per_item is None else int(0.9 * available[0] / per_item) // 10_000 * 10_000
+    raise TooLarge(
+        f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.2f} GiB) on {device}, but only "
+        f"{available[0]:,} bytes ({available[0] / 2**30:.2f} GiB) are available ({available[1]}); "
+        + ("use a smaller capacity or free memory" if fits is None else
+           f"a capacity of {fits:,} transitions fits ({fits * per_item / 2**30:.2f} GiB), or free memory"),
+        nbytes, available, fits, (fits or 0) * (per_item or 0),
+    )
 
 
 # ---- bytes ---------------------------------------------------------------------------------------
@@ -252,19 +267,31 @@ class FrameStore:
             )
         return obs, next_obs
 
-    def _allocate(self, transitions: TensorDict, obs: torch.Tensor) -> None:
+    def check_memory(self, obs: torch.Tensor, other: int = 64) -> None:
+        """Raise TooLarge unless this store and its transition ring fit, for one step's obs stacks [E, k, ...]
+        and `other` bytes per transition besides its positions (64: more than a DQN step's keys and a sum tree's)."""
+        self._check_fits(obs, other)
+
+    def _check_fits(self, obs: torch.Tensor, other: int) -> int:
+        """check_memory; returns the frames per env the store would have."""
         num_envs, k, frame_shape = obs.shape[0], self.frame_stack, obs.shape[2:]
         if num_envs % self.num_seeds:
             raise ValueError(f"a step of {num_envs} envs does not split evenly over {self.num_seeds} seeds")
         length = math.ceil(self.capacity * (1 + self.slack) / (num_envs // self.num_seeds)) + 4 * k
         frame_bytes = obs[0, 0].numel() * obs.element_size()
+        per_item = self.num_seeds * ((1 + self.slack) * (frame_bytes + 8) + 16 + other)
+        check_fits(num_envs * length * (frame_bytes + 8) + self.num_seeds * self.capacity * (16 + other), self.device,
+                   f"a frame store of {num_envs} x {length:,} frames of {tuple(frame_shape)} {obs.dtype} "
+                   f"(capacity {self.capacity:,} transitions)", per_item)
+        return length
+
+    def _allocate(self, transitions: TensorDict, obs: torch.Tensor) -> None:
+        num_envs, frame_shape = obs.shape[0], obs.shape[2:]
         # The transition ring is allocated by the buffer's first extend; count it here too, so that a
         # buffer that cannot fit is refused at once: two int64 positions plus the step's other keys.
         other = sum(v[0].numel() * v.element_size() for k_, v in transitions.items(True, True)
                     if k_ not in POSITION_KEYS)
-        check_fits(num_envs * length * (frame_bytes + 8) + self.num_seeds * self.capacity * (16 + other), self.device,
-                   f"a frame store of {num_envs} x {length:,} frames of {tuple(frame_shape)} {obs.dtype} "
-                   f"(capacity {self.capacity:,} transitions)")
+        length = self._check_fits(obs, other)
         self.num_envs, self.frames_per_env, self.envs_per_seed = num_envs, length, num_envs // self.num_seeds
         # torch.empty leaves pages untouched until written, so the store costs memory as it fills.
         self._set_frames(torch.empty((num_envs * length, *frame_shape), dtype=obs.dtype, device=self.device))

@@ -83,6 +83,13 @@ class ReplayBuffer:
         keys = [] if self.storage is None else sorted(map(str, self.storage.keys(True, True)))
         return f"{type(self).__name__}(len={len(self)}, capacity={self.capacity}, keys={keys})"
 
+    def check_memory(self, obs: np.ndarray | torch.Tensor) -> None:
+        """Raise TooLarge (a MemoryError that names the capacity that fits) unless a full buffer of frames will fit,
+        given the first observations [E, k, ...] of the envs that fill it: before a run writes anything, where the
+        first write would otherwise be refused. A buffer that does not store frames checks at its first write."""
+        if self.frame_store is not None:
+            self.frame_store.check_memory(torch.as_tensor(obs))
+
     # ---- writing -------------------------------------------------------------------------------
 
     def add_frames(self, transitions: TensorDict) -> TensorDict:

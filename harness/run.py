@@ -230,7 +230,9 @@ class Run:
         if self.args.evaluate:
             self.step, self.source = load_model(self.dir, self.algo, self.model)
             return obs, counts
-        if state is not None:
+        if state is None:
+            self._check_memory(obs)
+        else:
             self._keep_left_out(state)
             obs, counts = restore(self.parts, state, self.cut, self.dir)
             self.due, self.last, self.recent = state["due"], state["last"], state["recent"]
@@ -260,6 +262,20 @@ class Run:
         if self.due is not None:
             self.evaluate(self.due)
         return obs, counts
+
+    def _check_memory(self, obs: np.ndarray) -> None:
+        """Refuse, in one line before anything is written, a replay buffer of frames that will not fit in memory
+        once full (a part with check_memory(obs), which raises a MemoryError whose `fits` is the capacity that does)."""
+        for part in self.parts.values():
+            if hasattr(part, "check_memory"):
+                try:
+                    part.check_memory(obs)
+                except MemoryError as e:
+                    if getattr(e, "fits", None) is None:
+                        fail(str(e))
+                    fail(f"a replay buffer of {self.args.buffer_size:,} transitions of {self.args.env} needs "
+                         f"{e.needed / 2**30:.2f} GiB of memory and {e.available / 2**30:.2f} GiB are available "
+                         f"({e.source}): pass --buffer-size {e.fits} ({e.fits_bytes / 2**30:.2f} GiB), or free memory")
 
     def _keep_left_out(self, state: dict) -> None:
         """--members: each member left out keeps its networks, in its model.pt, before the smaller pack writes its

@@ -82,6 +82,31 @@ def test_a_game_stalled_to_the_default_cap_is_counted_though_ale_py_truncates_it
     assert returns == [0.0] and capped == [1]
 
 
+def test_a_preset_too_large_for_the_memory_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    """On a machine with too little memory for the preset's replay, the run stops before writing a run directory,
+    saying in one line what the buffer needs and which --buffer-size fits; that size then starts."""
+    import buffers.frames
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(buffers.frames, "available_memory", lambda device: (2**29, "a test"))
+    monkeypatch.setattr(evaluate_module, "ATARI_MAX_EPISODE_STEPS", 50)  # the final evaluation: a short one
+    per_dqn = load_algo("per_dqn")
+    args = parse(per_dqn, ["--env", "BreakoutNoFrameskip-v4", "--threads", "1", "--total-timesteps", "80",
+                           "--learning-starts", "40", "--no-save-model", "--eval-episodes", "1"])
+    with pytest.raises(SystemExit) as refused:
+        per_dqn.main(args)
+    line = str(refused.value.code)
+    needed = args.buffer_size * (1.02 * (84 * 84 + 8) + 16 + 64) / 2**30
+    assert line.startswith(f"error: a replay buffer of {args.buffer_size:,} transitions of BreakoutNoFrameskip-v4 "
+                           f"needs {needed:.2f} GiB of memory and 0.50 GiB are available (a test): pass --buffer-size")
+    assert not (tmp_path / "runs").exists()
+    fits = int(line.split("--buffer-size ")[1].split()[0])
+    summary = per_dqn.main(parse(per_dqn, ["--env", "BreakoutNoFrameskip-v4", "--threads", "1", "--total-timesteps",
+                                           "80", "--learning-starts", "40", "--no-save-model", "--eval-episodes",
+                                           "1", "--buffer-size", str(fits)]))
+    assert summary["global_step"] == 80 and fits < args.buffer_size
+
+
 def test_an_evaluation_episode_is_a_whole_game_and_its_video_shows_it(tmp_path):
     """Random play evaluated for one episode with a video: replayed action by action in a fresh env of the same
     seed, the episode is one whole game (five lives, four lost before the game over, which is its last step), its

@@ -525,6 +525,28 @@ def test_a_buffer_that_cannot_fit_is_refused_with_the_sizes(device, monkeypatch,
     (fresh.add_frames if frame_mode else fresh.extend)(step)
 
 
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_check_memory_refuses_before_any_write_and_names_a_capacity_that_fits(device, monkeypatch, snapshot,
+                                                                               num_seeds):
+    """A frame buffer asked up front, from a step's obs stacks: refused as the first write would be (same bytes,
+    2 envs a seed), nothing changed; the capacity it names fits the same memory, with 90% of it to spare."""
+    rb = PrioritizedReplayBuffer(100_000, device=device, frame_stack=4, num_seeds=num_seeds)
+    obs = stacks_step(num_envs=2 * num_seeds)["obs"].numpy()
+    length = math.ceil(100_000 * 1.02 / 2) + 16
+    needed = 2 * num_seeds * length * (6 + 8) + num_seeds * 100_000 * (16 + 64)
+    monkeypatch.setattr(buffers.frames, "available_memory", lambda device: (needed - 1, "a test"))
+    before = snapshot(rb)
+    with pytest.raises(MemoryError, match=f"needs {needed:,} bytes .* a capacity of ([\\d,]+) transitions fits") as e:
+        rb.check_memory(obs)
+    assert snapshot(rb) == before and rb.frame_store.frames is None
+    fits = e.value.fits
+    assert fits % 10_000 == 0 and 0.8 * 100_000 <= fits < 100_000 and e.value.needed == needed
+    PrioritizedReplayBuffer(fits, device=device, frame_stack=4, num_seeds=num_seeds).check_memory(obs)
+    monkeypatch.setattr(buffers.frames, "available_memory", lambda device: (needed, "a test"))
+    rb.check_memory(obs)
+    ReplayBuffer(100_000, device=device).check_memory(obs)  # no frames: checked at its first write
+
+
 def test_available_memory_reads_this_machine():
     available = buffers.frames.available_memory(torch.device("cpu"))
     assert available is not None and available[0] > 0
