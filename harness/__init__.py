@@ -14,7 +14,7 @@ Like buffers/ and envs/, it imports its own modules relatively; it uses envs/ (o
 run.py and resume.py).
 """
 
-from .args import Packable, RunArgs, fail, parse_args
+from .args import Packable, RunArgs, fail, parse_args, type_name, typed
 from .kinds import PackError
 from .members import chosen, per_leaf
 from .optim import SeedAdam, adam, clip_grad_norm
@@ -24,4 +24,5 @@ from .run import Run, crossed
 from .seeds import seed_state_dict, stacked
 
 __all__ = ["Packable", "PackError", "Run", "RunArgs", "SeedAdam", "SeedConv2d", "SeedLinear", "adam", "chosen",
-           "clip_grad_norm", "crossed", "fail", "parse_args", "per_leaf", "pixels", "seed_state_dict", "stacked"]
+           "clip_grad_norm", "crossed", "fail", "parse_args", "per_leaf", "pixels", "seed_state_dict", "stacked",
+           "type_name", "typed"]

@@ -172,23 +172,23 @@ def instance(args_class: type, values: dict, source: str):
             close = difflib.get_close_matches(str(key), names)
             fail(f"{source}: unknown key {key!r} (closest: {', '.join(close) or 'none'}; see --help)")
         try:
-            checked[key] = _typed(value, hints[key])
+            checked[key] = typed(value, hints[key])
         except ValueError:
-            fail(f"{source}: {key} must be {_type_name(hints[key])}, got {value!r} (--{key.replace('_', '-')})")
+            fail(f"{source}: {key} must be {type_name(hints[key])}, got {value!r} (--{key.replace('_', '-')})")
     return args_class(**checked)
 
 
-def _typed(value: Any, hint: Any) -> Any:
+def typed(value: Any, hint: Any) -> Any:
     """`value` as a `hint` (bool, int, float, str, None, Literal and unions of them), or ValueError."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         for option in typing.get_args(hint):
             try:
-                return _typed(value, option)
+                return typed(value, option)
             except ValueError:
                 pass
         raise ValueError(value)
     if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
-        return tuple(_typed(item, typing.get_args(hint)[0]) for item in value)
+        return tuple(typed(item, typing.get_args(hint)[0]) for item in value)
     if typing.get_origin(hint) is Literal:
         if value in typing.get_args(hint):
             return value
@@ -205,11 +205,12 @@ def _typed(value: Any, hint: Any) -> Any:
     raise ValueError(value)
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
+    """`hint` as an error names it: "an int", "a float or null", "one of 'mse', 'huber'"."""
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(option) for option in typing.get_args(hint))
+        return " or ".join(type_name(option) for option in typing.get_args(hint))
     return "null" if hint is type(None) else f"a{'n' if hint is int else ''} {hint.__name__}"
 
 

@@ -48,7 +48,7 @@ def args_class(script: Path) -> type:
 def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The search space in a YAML file, checked against the settings of `args` (an algorithm's Args); any error is
     one line naming the file, the key and what is wrong. `refused`: settings it may not search, and why."""
-    from harness.args import _type_name, _typed
+    from harness import type_name, typed
 
     try:
         space = yaml.safe_load(Path(path).read_text())
@@ -78,9 +78,9 @@ def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dic
                 fail(f"{where}: choices must be a list of values, got {choices!r}")
             for choice in choices:
                 try:
-                    _typed(choice, hints[key])
+                    typed(choice, hints[key])
                 except ValueError:
-                    fail(f"{where}: the choice {choice!r} is not {_type_name(hints[key])}")
+                    fail(f"{where}: the choice {choice!r} is not {type_name(hints[key])}")
             continue
         number = int if spec["type"] == "int" else (int, float)
         for bound in ("low", "high"):
@@ -88,9 +88,9 @@ def space_from(path: Path, args: type, refused: dict[str, str]) -> dict[str, dic
             if not isinstance(value, number) or isinstance(value, bool):
                 fail(f"{where}: {bound} must be a{'n int' if spec['type'] == 'int' else ' number'}, got {value!r}")
         try:  # a float's bounds as floats: an int setting cannot take them
-            _typed(float(spec["low"]) if spec["type"] == "float" else spec["low"], hints[key])
+            typed(float(spec["low"]) if spec["type"] == "float" else spec["low"], hints[key])
         except ValueError:
-            fail(f"{where}: {key} is {_type_name(hints[key])}, so type: {spec['type']} cannot give it")
+            fail(f"{where}: {key} is {type_name(hints[key])}, so type: {spec['type']} cannot give it")
         if spec["low"] >= spec["high"]:
             fail(f"{where}: low {spec['low']} must be below high {spec['high']}")
         if spec.get("log") and spec["low"] <= 0:
