@@ -160,9 +160,28 @@ def exit_code(proc: subprocess.Popen, stop_requested: Any, poll_s: float = 0.5) 
                 return proc.wait()
 
 
+def files_in(runs_dir: Path) -> dict[Path, tuple[int, int, int]]:
+    """Every file under runs_dir, with what tells it apart from the same file rewritten: (inode, size, mtime in ns).
+    Files are rewritten whole by a rename (a new inode) or appended to (a new size and mtime)."""
+    files = {}
+    for path in runs_dir.rglob("*"):
+        if path.is_file():
+            state = path.stat()
+            files[path] = (state.st_ino, state.st_size, state.st_mtime_ns)
+    return files
+
+
+def written_dirs(runs_dir: Path, before: dict[Path, tuple[int, int, int]]) -> list[str]:
+    """The run directories under runs_dir in which a file was written since files_in gave `before`."""
+    return sorted({path.relative_to(runs_dir).parts[0] for path, state in files_in(runs_dir).items()
+                   if before.get(path) != state})
+
+
 def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_text: str, argv: list[str],
                    run_names: list[str], run_archive: bytes, stop: Any) -> tuple[int, str, bytes]:
-    """On a Ray worker: run one job in a fresh directory; its exit code, its log, its run directories as a tar.
+    """On a Ray worker: run one job in a fresh directory; its exit code, its log, and as a tar its run directories
+    and every other directory it wrote under runs/ (a pack cut with --members writes the model.pt of each member it
+    leaves out into that member's directory, shipped here beside the pack's: the head must get it back).
 
     `run_archive` is the run directories of a job that resumes (else empty); `stop` is the launch's StopFlag.
     """
@@ -178,6 +197,7 @@ def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_
         if run_archive:
             with tarfile.open(fileobj=io.BytesIO(run_archive)) as tar:
                 tar.extractall(work / "runs", filter="data")
+        shipped = files_in(work / "runs")
         if stop_requested():  # queued until the launch was stopped: never start
             return 130, "not started: the launch was stopped first\n", b""
         with open(work / "job.log", "w") as log:
@@ -187,7 +207,8 @@ def run_in_tempdir(script_name: str, script_text: str, config_name: str, config_
             except BaseException:  # ray.cancel (the driver gave up waiting) raises KeyboardInterrupt here
                 signal_group(proc, signal.SIGKILL)
                 raise
-        return code, (work / "job.log").read_text(errors="replace"), run_archive_of(work / "runs", run_names)
+        written = list(dict.fromkeys([*run_names, *written_dirs(work / "runs", shipped)]))
+        return code, (work / "job.log").read_text(errors="replace"), run_archive_of(work / "runs", written)
 
 
 def run_archive_of(runs_dir: Path, names: list[str]) -> bytes:
@@ -201,7 +222,7 @@ def run_archive_of(runs_dir: Path, names: list[str]) -> bytes:
 
 class RayJobs:
     """Jobs as Ray tasks; each ships the script and config (and a resumed job's run directories: its own, the one it
-    resumes from, those that one's pack holds) and sends its own run directories back."""
+    resumes from, those that one's pack holds) and sends back every run directory it wrote."""
 
     grace_s = GRACE_S + 30  # the task's own grace, then packing and sending the run directory back
 

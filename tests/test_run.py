@@ -18,7 +18,7 @@ import yaml
 
 import run
 from launcher import sweeps
-from launcher.jobs import Job, last_global_step, progress_of
+from launcher.jobs import Job, files_in, last_global_step, progress_of, written_dirs
 from launcher.results import curves_figure, mean_eval_return, results_table, summary_in
 from launcher.resume import resumed_jobs
 from launcher.sweeps import jobs_for, packs
@@ -283,6 +283,22 @@ def test_ctrl_c_stops_the_jobs_and_reports(tmp_path):
     [first] = runs_dir.glob("CartPole-v1__dqn__1__*")
     assert json.loads((first / "summary.json").read_text())["interrupted"] is True  # it stopped cleanly
     assert not list(runs_dir.glob("CartPole-v1__dqn__2__*"))
+
+
+def test_a_ray_task_sends_back_the_directories_it_wrote_and_not_those_it_only_read(tmp_path):
+    """What a task finds written since it was shipped its run directories: a file rewritten by a rename (model.pt,
+    a checkpoint), a file appended to (metrics.jsonl) and a new directory; a directory only read stays behind."""
+    for name in ("rewritten", "appended", "read"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "file").write_text("as shipped")
+    before = files_in(tmp_path)
+    (tmp_path / "rewritten" / "file.part").write_text("as shipped")  # same size: only the rename tells it apart
+    os.replace(tmp_path / "rewritten" / "file.part", tmp_path / "rewritten" / "file")
+    with open(tmp_path / "appended" / "file", "a") as f:
+        f.write(" and more")
+    (tmp_path / "new" / "videos").mkdir(parents=True)
+    (tmp_path / "new" / "videos" / "eval-episode-0.mp4").write_bytes(b"")
+    assert written_dirs(tmp_path, before) == ["appended", "new", "rewritten"]
 
 
 @pytest.fixture(scope="module")

@@ -580,6 +580,37 @@ def test_halving_on_ray_ships_each_task_the_pack_it_is_cut_from(tmp_path, monkey
     assert sorted(state for _, state, _, _ in study_trials(here)) == ["COMPLETE", "PRUNED"]
 
 
+@pytest.mark.slow
+def test_halving_on_ray_without_model_files_sends_back_the_networks_of_the_trials_it_prunes(tmp_path, monkeypatch):
+    """4 trials in one pack on a local Ray, --rungs 3, save_model off: with learning_starts past the second rung no
+    trial learns before it, so every rung ties and keeps the earliest trials (0 1, then 0): the second rung's task
+    cuts the pack to trials 0 and 1 from the checkpoint in trial 0's directory, writing the networks of trials 2 and
+    3 to their model.pt before it writes the smaller pack's checkpoint over it. On the head, each pruned trial then
+    evaluates with the networks of the rung it was pruned at, and plays that rung's evaluation again."""
+    ray = pytest.importorskip("ray")
+    config = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY | {"total_timesteps": 2000, "learning_starts": 1100,
+                                                                "save_model": False})
+    space = write_yaml(tmp_path / "space.yaml", SPACE)
+    monkeypatch.chdir(tmp_path)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert run.main(["tune", str(config), "--space", str(space), "--trials", "4", "--seeds", "1", "--num-seeds",
+                         "4", "--rungs", "3", "--sampler", "random", "--ray", "local"]) == 0
+    finally:
+        ray.shutdown()
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    rungs = json.loads((tune_dir / "rounds.json").read_text())["0"]["rungs"]
+    assert [rung["kept"] for rung in rungs] == [[0, 1], [0]]  # the premise: trial 0's directory holds the pack
+    for rung in rungs:
+        for trial in set(rung["alive"]) - set(rung["kept"]):
+            [run_dir] = (tmp_path / "runs").glob(f"CartPole-v1__dqn__trial={trial}__1__*")
+            subprocess.run([sys.executable, str(ROOT / "algos" / "dqn.py"), "--evaluate", f"runs/{run_dir.name}"],
+                           cwd=tmp_path, check=True, capture_output=True)
+            [record] = [json.loads(path.read_text()) for path in (run_dir / "evaluations").glob("*.json")]
+            assert record["global_step"] == rung["step"], (trial, record)
+            assert record["mean"] == json.loads((run_dir / "summary.json").read_text())["eval_return_mean"]
+
+
 def test_a_qmc_tune_asks_in_rounds_the_sequence_one_sampler_asks(tmp_path, monkeypatch):
     """QMC in rounds of 2 trials: the 6 trials are the ones a single QMCSampler asks of one study, 2 at a time (each
     round goes on along one sequence, not the start of a new one)."""
