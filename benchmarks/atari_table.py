@@ -1,21 +1,28 @@
-"""The Atari results: one table row per run and one figure per game, beside published numbers at the same steps.
+"""The Atari runs: each run's curve, one table of every run beside the published numbers, and a figure per game.
 
-    python benchmarks/atari_table.py                       # every *_cpu_bf16*.json and *_buffer1M_*.json curve
-    python benchmarks/atari_table.py benchmarks/results/pong_cpu_bf16.json benchmarks/results/pong_cpu_bf16_2.json
+    python benchmarks/atari_table.py                          # the table and figures, from the curves in results/
+    python benchmarks/atari_table.py --curves                 # first each run's curve, from its directory in runs/
+    python benchmarks/atari_table.py --curves --game Breakout # one game's runs (its table printed, not written)
 
-Reads the curves that benchmarks/pong_curve.py writes (one JSON per run: its evaluations and training episodes with
-agent steps and wall time) and prints a markdown table, also written to benchmarks/results/atari.md, and a figure per
-game, benchmarks/results/atari_<game>.png: every run's evaluations (10 episodes each) and the rolling mean of its
-training returns against agent steps, the published numbers marked at their steps.
+A run is one entry of RUNS below: its curve's name, its run directory, its settings (the table's column: "preset", or
+the flags that change what it learns), the command that trained it and the machine it trained on. Adding a run is
+adding its entry; a game without a goal or published numbers in GOALS and DOPAMINE still gets its rows and figure.
 
-Columns, per run: the settings (the preset, or the flags that change what it learns); our metric, the evaluation
-(greedy, epsilon 0.001, 10 whole games) at 250k, 500k and 1M agent steps; the first evaluation at or above the game's
-goal (steps, hours of wall time); the last evaluation. Then the same runs in the sources' own metrics where ours can
-be computed in them: Dopamine's, the mean training return of the episodes that ended in the iteration (250k agent
-steps) that ends at the step; CleanRL's, the training episodic return averaged over the episodes that ended in the
-50k agent steps before the step (its curves are of training episodes). A cell is empty where the run has not
-reached the step. Under the table, per game and settings: the final evaluations of the seeds that ran to the end,
-their mean and sample standard deviation.
+Curves (--curves): for each run whose directory is there, benchmarks/results/<name>.json and .png from its
+metrics.jsonl (a run still training gives its curve so far): every evaluation and training episode with its agent
+steps and wall time, losses every 1000 updates, the final evaluation (summary.json) and each `--evaluate` of the run
+since (evaluations/*.json). Wall time is the run's own, evaluations and resumed processes included: the
+`charts/wall_time_s` of the records every 1000 steps; a process that did not log it (older code) gets it from its
+`charts/SPS` and a segment (its first step, the run's wall time when it started: a resume prints both).
+
+The table (benchmarks/results/atari.md), per run: our metric, the evaluation (epsilon 0.001, 10 whole games) at 250k,
+500k and 1M agent steps; the first evaluation at or above the game's goal (steps, hours of wall time); the last
+evaluation. Then the sources' own metrics computed from our runs: Dopamine's, the mean training return of the episodes
+that ended in the iteration (250k agent steps) that ends at the step; CleanRL's, the mean training return of the
+episodes that ended in the 50k agent steps before the step. An empty cell: the run has not reached the step. Under the
+table, per game and settings, the final evaluations of the seeds that ran to the end, mean ± sample std. The figures
+(benchmarks/results/atari_<game>.png): every run's evaluations and smoothed training returns against agent steps,
+the published numbers marked at their steps, the goal dotted.
 """
 
 from __future__ import annotations
@@ -24,7 +31,12 @@ import argparse
 import json
 import re
 import statistics
+import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -44,18 +56,152 @@ ANCHORS["Pong"] += [("CleanRL dqn_atari", 1_000_000, -14.0)]
 ANCHORS["Breakout"] += [("CleanRL dqn_atari", 1_000_000, 30.0), ("CleanRL dqn_atari", 2_000_000, 100.0)]
 
 
+@dataclass(frozen=True)
+class Run:
+    name: str  # the curve: benchmarks/results/<name>.json and .png
+    run_dir: str  # the run directory, under runs/
+    settings: str  # the table's settings column: "preset", or the flags that change what the run learns
+    command: str  # the command that trained it (recorded in the curve)
+    machine: str  # what it trained on (recorded; the table shows it up to the first comma outside parentheses)
+    segments: tuple[tuple[int, float], ...] = ()  # (first step, wall time) of processes that logged no wall time
+    table: bool = True  # a row of the table and a line of the game's figure (False: its own curve only)
+
+
+EPYC = "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast"
+XEON = "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast"
+RUNS = [
+    Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
+        "python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency 25000 "
+        "--stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR",
+        f"{EPYC}, 2 threads, 8 envs, shared with other jobs", segments=((0, 0.0), (31856, 668.0), (34184, 695.0))),
+    Run("pong_cpu_bf16_2", "PongNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
+        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 --checkpoint-frequency 25000 "
+        "--stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume "
+        "RUN_DIR", f"{XEON}, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step "
+                   "240,000"),
+    Run("pong_cpu_bf16_3", "PongNoFrameskip-v4__per_dqn__cpu_bf16__3", "preset",
+        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 --checkpoint-frequency 25000 "
+        "--stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume "
+        "RUN_DIR", f"{XEON}, 1 thread, 8 envs, the other core used by other jobs part of the time"),
+    Run("pong_b128f8_1", "PongNoFrameskip-v4__per_dqn__b128f8__1", "--batch-size 128 --train-frequency 8",
+        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 1 --batch-size 128 --train-frequency 8 "
+        "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
+        "--run-name PongNoFrameskip-v4__per_dqn__b128f8__1", f"{XEON}, 2 threads, 8 envs, the run alone on both cores",
+        table=False),
+    Run("pong_b128f8_2", "PongNoFrameskip-v4__per_dqn__b128f8__2", "--batch-size 128 --train-frequency 8",
+        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --batch-size 128 --train-frequency 8 "
+        "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
+        "--run-name PongNoFrameskip-v4__per_dqn__b128f8__2", f"{XEON}, 2 threads, 8 envs, the run alone on both cores",
+        table=False),
+    Run("breakout_cpu_bf16_1", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
+        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --eval-frequency 50000 --checkpoint-frequency "
+        "50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR "
+        "[--threads 2]", f"{XEON}, 1 thread to step 111,984, then 2 threads, the run alone on both cores, 8 envs"),
+    Run("breakout_cpu_bf16_2", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
+        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --eval-frequency 50000 --checkpoint-frequency "
+        "50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR "
+        "[--threads 2]", f"{XEON}, 1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), "
+                         "1 thread to 650,000 beside the 1M-buffer run below, then 2 threads alone, 8 envs"),
+    Run("breakout_buffer1M_1", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__1", "--buffer-size 1000000",
+        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 --eval-frequency 50000 "
+        "--checkpoint-frequency 0 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued "
+        "with --resume RUN_DIR [--threads N]",
+        f"{XEON}, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs"),
+    Run("breakout_buffer1M_2", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2", "--buffer-size 1000000",
+        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 --eval-frequency 50000 "
+        "--checkpoint-frequency 250000 --threads 2 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, "
+        "continued with --resume RUN_DIR [--threads N]",
+        f"{XEON}, 2 threads, 1 from step 99,744 to 235,320 (tests on the other core); resumed alone at 701,352, "
+        "8 envs"),
+]
+
+
 def game_and_seed(data: dict) -> tuple[str, int]:
-    """The game ("Pong") and seed of a curve: recorded by pong_curve.py, else read from the run's name."""
+    """The game ("Pong") and seed of a curve: as recorded, else read from the run's name."""
     env = data.get("env") or data["run"].split("__")[0]
     seed = data.get("seed")
     return env.removeprefix("ALE/").split("NoFrameskip")[0].split("-")[0], int(seed if seed is not None
                                                                             else data["run"].split("__")[-1])
 
 
-def settings(data: dict) -> str:
-    """The flags of a run's command that change what the preset learns ("preset" where it has none)."""
-    flags = re.findall(r"--(?:buffer-size|batch-size|train-frequency) \d+", data.get("command", ""))
-    return ", ".join(flags) or "preset"
+def curve(run_dir: Path, segments: tuple[tuple[int, float], ...]) -> dict:
+    """A run's evaluations and training episodes with agent steps and wall time, from its directory."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    clock = []  # (step, wall time) from the records every 1000 steps
+    for record in records:
+        if "charts/wall_time_s" in record:
+            clock.append((record["global_step"], record["charts/wall_time_s"]))
+        elif "charts/SPS" in record and segments:
+            start, wall = max((s for s in segments if s[0] < record["global_step"]), default=segments[0])
+            clock.append((record["global_step"], wall + (record["global_step"] - start) / record["charts/SPS"]))
+
+    def wall_at(step: int) -> float | None:  # the clock's last reading at or before the step (within 1000 steps)
+        readings = [wall for at, wall in clock if at <= step]
+        return round(readings[-1], 1) if readings else None
+
+    evaluations = [{"global_step": r["global_step"], "wall_s": wall_at(r["global_step"]),
+                    "eval/episodic_return": r["eval/episodic_return"]} for r in records if "eval/episodic_return" in r]
+    episodes = [{"global_step": r["global_step"], "wall_s": wall_at(r["global_step"]),
+                 "episodic_return": r["charts/episodic_return"], "epsilon": r.get("charts/epsilon")}
+                for r in records if "charts/episodic_return" in r]
+    losses = [{k.removeprefix("losses/"): v for k, v in r.items()} for r in records if "losses/td_loss" in r]
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    final = {key: summary[key] for key in ("eval_return_mean", "eval_return_std", "eval_returns", "global_step",
+                                           "wall_time_s", "interrupted") if key in summary}
+    again = [{key: e[key] for key in ("seed", "eval_episodes", "eval_epsilon", "returns", "mean", "std")}
+             for e in (json.loads(p.read_text()) for p in sorted((run_dir / "evaluations").glob("*.json")))]
+    return {"final_evaluation": final, "evaluated_again": again,
+            "last_step": records[-1]["global_step"] if records else 0, "last_wall_s": clock[-1][1] if clock else None,
+            "evaluations": evaluations, "training_episodes": episodes, "losses_every_100_updates": losses[::10]}
+
+
+def write_curve(run: Run) -> None:
+    """benchmarks/results/<name>.json and .png from the run's directory."""
+    run_dir = ROOT / "runs" / run.run_dir
+    config = run_dir / "config.yaml"
+    settings = yaml.safe_load(config.read_text()) if config.is_file() else {}
+    data = {"command": run.command, "machine": run.machine, "run": run_dir.name, "env": settings.get("env"),
+            "seed": settings.get("seed"), **curve(run_dir, run.segments)}
+    (RESULTS / f"{run.name}.json").write_text(json.dumps(data, indent=1))
+    best = max((e["eval/episodic_return"] for e in data["evaluations"]), default=None)
+    hours = (data["last_wall_s"] or 0) / 3600
+    run_figure(data, RESULTS / f"{run.name}.png", f"{run_dir.name}: {data['last_step']} agent steps, "
+                                                  f"{hours:.2f} h\n{run.machine}")
+    print(f"{run.run_dir}: {data['last_step']} agent steps, {hours:.2f} h, {len(data['evaluations'])} evaluations "
+          f"(best {best}), {len(data['training_episodes'])} training episodes -> results/{run.name}.json, .png")
+
+
+def run_figure(data: dict, path: Path, title: str) -> None:
+    """One run: training episodes and evaluations against agent steps and against wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    episodes, evaluations = data["training_episodes"], data["evaluations"]
+    goal = GOALS.get(game_and_seed(data)[0])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
+    for ax, key, scale, label in ((axes[0], "global_step", 1e3, "agent steps (thousands)"),
+                                  (axes[1], "wall_s", 3600, "wall time (hours)")):
+        points = [e for e in episodes if e[key] is not None]
+        xs = [e[key] / scale for e in points]
+        ys = [e["episodic_return"] for e in points]
+        smooth = [statistics.mean(ys[max(0, i - 19):i + 1]) for i in range(len(ys))]
+        ax.plot(xs, ys, ".", color="0.75", markersize=3, label="training episode")
+        ax.plot(xs, smooth, color="C0", label="training, mean of the last 20")
+        points = [e for e in evaluations if e[key] is not None]
+        ax.plot([e[key] / scale for e in points], [e["eval/episodic_return"] for e in points], "o-", color="C3",
+                label="evaluation (10 episodes)")
+        if goal is not None:
+            ax.axhline(goal, color="k", linestyle=":", linewidth=1, label=f"goal ({goal:g})")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("return")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle("\n".join(textwrap.fill(line, 120) for line in title.splitlines()), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def evaluation_at(data: dict, step: int) -> float | None:
@@ -85,21 +231,22 @@ def cell(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
 
-def order(data: dict) -> tuple[str, bool, int]:
+def order(data: dict) -> tuple[str, bool, str, int]:
+    """Rows by game, the preset's first, then by settings and seed."""
     game, seed = game_and_seed(data)
-    return game, settings(data) != "preset", seed
+    return game, data["settings"] != "preset", data["settings"], seed
 
 
-def finals(game: str, other: bool, curves: list[dict]) -> str | None:
+def finals(group: tuple[str, bool, str], curves: list[dict]) -> str | None:
     """One line for a game and its settings: the final evaluations of the seeds that ran to the end, mean ± std."""
-    runs = sorted((d for d in curves if order(d)[:2] == (game, other) and d.get("final_evaluation")
+    runs = sorted((d for d in curves if order(d)[:3] == group and d.get("final_evaluation")
                    and not d["final_evaluation"].get("interrupted")), key=order)
     if not runs:
         return None
     values = [d["final_evaluation"]["eval_return_mean"] for d in runs]
     spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
     seeds = ", ".join(str(game_and_seed(d)[1]) for d in runs)
-    return (f"- {game}, {settings(runs[0])}: final evaluation {statistics.mean(values):.1f}{spread} over seeds {seeds} "
+    return (f"- {group[0]}, {group[2]}: final evaluation {statistics.mean(values):.1f}{spread} over seeds {seeds} "
             f"({', '.join(f'{v:.1f}' for v in values)})")
 
 
@@ -116,21 +263,21 @@ def table(curves: list[dict]) -> str:
         last = data["evaluations"][-1] if data["evaluations"] else None
         dopamine = " / ".join(cell(training_mean(data, step - 250_000, step)) or "-" for step in STEPS)
         cleanrl = cell(training_mean(data, 950_000, 1_000_000)) or "-"
-        lines.append(f"| {game} | {settings(data)} | {seed} | {machine(data)} | "
+        lines.append(f"| {game} | {data['settings']} | {seed} | {machine(data)} | "
                      + " | ".join(cell(evaluation_at(data, step)) or "-" for step in STEPS)
-                     + f" | {to_goal} (goal {goal}) | "
+                     + (f" | {to_goal} (goal {goal}) | " if goal is not None else " | - (no goal) | ")
                      + (f"{last['eval/episodic_return']:.1f} ({last['global_step'] / 1e3:.0f}k)" if last else "-")
                      + f" | {dopamine} | {cleanrl} |")
     lines.append("")
-    groups = sorted({order(d)[:2] for d in curves})
-    lines += [line for game, other in groups if (line := finals(game, other, curves))]
+    lines += [line for group in sorted({order(d)[:3] for d in curves}) if (line := finals(group, curves))]
     for game in sorted({game_and_seed(d)[0] for d in curves}):
         anchors = "; ".join(f"{name} {value:g} at {step / 1e6:g}M" for name, step, value in ANCHORS.get(game, []))
-        lines.append(f"\n{game} anchors (the sources' metrics): {anchors}")
+        lines.append(f"\n{game} anchors (the sources' metrics): {anchors or 'none'}")
     return "\n".join(lines)
 
 
 def figure(game: str, curves: list[dict], path: Path) -> None:
+    """One game: every run's evaluations and smoothed training returns, the published numbers, the goal."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,7 +293,7 @@ def figure(game: str, curves: list[dict], path: Path) -> None:
         ax.plot([e["global_step"] / 1e6 for e in episodes], smooth, color=colour, alpha=0.45, linewidth=1)
         ax.plot([e["global_step"] / 1e6 for e in data["evaluations"]],
                 [e["eval/episodic_return"] for e in data["evaluations"]], "o-", color=colour, markersize=3,
-                label=f"seed {seed}, {settings(data)}: evaluation (line: training, mean of 20)")
+                label=f"seed {seed}, {data['settings']}: evaluation (line: training, mean of 20)")
     markers = {"CleanRL dqn_atari": "X", "Dopamine DQN": "o", "Dopamine Adam-DQN": "s", "Dopamine Rainbow": "^"}
     for name, marker in markers.items():
         points = [(step / 1e6, value) for source, step, value in ANCHORS.get(game, []) if source == name]
@@ -167,15 +314,26 @@ def figure(game: str, curves: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("curves", nargs="*", type=Path)
-    options = parser.parse_args()
-    paths = options.curves or sorted([*RESULTS.glob("*_cpu_bf16*.json"), *RESULTS.glob("*_buffer1M_*.json")])
-    curves = [json.loads(path.read_text()) for path in paths]
+    parser.add_argument("--curves", action="store_true", help="first write each run's curve from its run directory")
+    parser.add_argument("--game", help="only this game's runs (Pong, Breakout, ...): the table printed, not written")
+    options = parser.parse_args(argv)
+    for run in RUNS if options.curves else []:
+        config = ROOT / "runs" / run.run_dir / "config.yaml"
+        if not config.is_file():
+            print(f"{run.run_dir}: not in runs/, its curve stays as it was")
+        elif options.game in (None, game_and_seed({"env": yaml.safe_load(config.read_text())["env"], "seed": 0})[0]):
+            write_curve(run)
+    curves = [{**json.loads((RESULTS / f"{run.name}.json").read_text()), "settings": run.settings}
+              for run in RUNS if run.table and (RESULTS / f"{run.name}.json").is_file()]
+    curves = [d for d in curves if options.game in (None, game_and_seed(d)[0])]
+    if not curves:
+        sys.exit(f"error: no curve of {options.game} in RUNS")
     text = table(curves)
     print(text)
-    (RESULTS / "atari.md").write_text(text + "\n")
+    if options.game is None:
+        (RESULTS / "atari.md").write_text(text + "\n")
     for game in sorted({game_and_seed(d)[0] for d in curves}):
         path = RESULTS / f"atari_{game.lower()}.png"
         figure(game, [d for d in curves if game_and_seed(d)[0] == game], path)
