@@ -51,6 +51,24 @@ def round_checked(asked: int | None, default: int, trials: int, rungs: int, eta:
     return asked or max(default, needed)
 
 
+def round_size(first: int, trials: int, size: int, rungs: int, eta: int) -> int:
+    """The trials of the round asked from trial `first` on, in a tune of `trials` asked in rounds of `size`: `size`,
+    or every trial left when fewer than eta**(rungs - 1) would be left after it (a round that small could not be
+    halved: its rungs would keep as many trials as they had, or rank them against one rival), so they join this one."""
+    left = trials - first
+    return left if left - size < eta ** (rungs - 1) else size
+
+
+def more_trials_checked(trials: int, asked: int, rungs: int, eta: int) -> None:
+    """--resume --trials: the trials beyond the `asked` ones (the rounds asked so far) are asked in rounds of halving,
+    so there must be none or eta**(rungs - 1) or more; fewer are refused in one line."""
+    needed = eta ** (rungs - 1)
+    if 0 < trials - asked < needed:
+        fail(f"--trials {trials}: the tune has asked {asked} trials, and a round of the {trials - asked} more would be "
+             f"too small for --rungs {rungs} with --eta {eta}: a round needs {needed} trials or more; give --trials "
+             f"{asked + needed} or more")
+
+
 def kept(values: dict[int, float], eta: int) -> list[int]:
     """The trials that go on from a rung: the best ceil(n / eta) by value (a tie: the earlier trial), in order."""
     best = sorted(values, key=lambda number: (-values[number], number))[:math.ceil(len(values) / eta)]

@@ -202,11 +202,9 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     space = args.space or ROOT / "configs" / script.stem / "spaces" / "default.yaml"
     space_from(space, args_class(script), refused_in_space())
     sampler_named(args.sampler, 0)
-    if args.trials is None or args.trials < 1:
-        fail(f"--trials must be >= 1, got {args.trials}")
-    for name in ("num_seeds", "jobs", "round"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.trials is None:
+        fail("--trials must be >= 1, got None")
+    at_least_one(args, ("trials", "num_seeds", "jobs", "round"))
     for key in config:  # a run's own (seed, run_name) are overridden; these would change what the runs do
         if key in ("num_seeds", "pack", "resume", "stop_step", "members", "evaluate", "schedule_start"):
             fail(f"config {args.config} sets {key}, which run.py tune sets itself; drop it")
@@ -240,6 +238,19 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     (runs_dir / tune_id / "space.yaml").write_text(record["space_text"])
     write_whole(runs_dir / tune_id / "tune.json", json.dumps(record, indent=1))  # last: a tune is whole once it is
     return record, runs_dir / tune_id
+
+
+def at_least_one(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Each of these options, when given, is 1 or more; another value is refused in one line."""
+    for name in names:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+
+
+def trials_asked(tune_dir: Path) -> int:
+    """The trials of the rounds asked so far (rounds.json): the next round is asked from this trial on."""
+    return max((int(first) + len(entry["asked"]["trials"]) for first, entry in rounds_of(tune_dir).items()
+                if "asked" in entry), default=0)
 
 
 def same_as_asked(args: argparse.Namespace, record: dict[str, Any], tune_dir: Path) -> None:
@@ -373,7 +384,10 @@ def run_tune(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             fail(f"{tune_dir} has no readable tune.json ({e}); give runs/<tune id> as a tune wrote it")
         same_as_asked(args, record, tune_dir)
+        at_least_one(args, ("trials", "jobs"))
         record["trials"] = args.trials or record["trials"]
+        halving.more_trials_checked(record["trials"], trials_asked(tune_dir), record.get("rungs", 1),
+                                    record.get("eta", 2))
         write_whole(tune_dir / "tune.json", json.dumps(record, indent=1))
     else:
         record, tune_dir = new_tune(args)
@@ -414,9 +428,13 @@ def run_tune(args: argparse.Namespace) -> int:
             else:
                 first = len(trials)
                 sampler = sampler_named(record["sampler"], round_seed(record["sampler"], record["sampler_seed"], first))
+                count = halving.round_size(first, record["trials"], record["round"], record.get("rungs", 1),
+                                           record.get("eta", 2))
+                if count > record["round"]:
+                    say(f"trials {first}-{first + count - 1} are one round: after a round of {record['round']}, the "
+                        f"{count - record['round']} left would be too few to halve")
                 with signals_held():
-                    record_round(tune_dir, first, asked=asked_round(
-                        study, sampler, distributions(space), min(record["round"], record["trials"] - first)))
+                    record_round(tune_dir, first, asked=asked_round(study, sampler, distributions(space), count))
             if "asked" in rounds_of(tune_dir).get(str(first), {}):
                 with signals_held():
                     enter_round(study, first, rounds_of(tune_dir)[str(first)]["asked"], distributions(space))

@@ -149,6 +149,37 @@ def test_halving_asks_rounds_big_enough_to_halve(tmp_path, monkeypatch):
     assert sorted(state for _, state, _, _ in study_trials(tune_dir)) == ["COMPLETE"] + ["PRUNED"] * 3
 
 
+def test_every_round_of_halving_holds_enough_trials_to_halve_the_last_and_an_extension_included(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """--rungs 3 (rounds of 4 or more): 6 trials in rounds of 4 would leave a last round of 2, so the 6 are one round
+    (and it says so). Continued with --trials 8, 2 more trials would be a round of 2: refused in one line, nothing
+    asked; with --trials 10, a round of 4. Every rung of every round keeps fewer trials than it had."""
+    config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
+
+    def value(trial: int, step: int) -> float:
+        return float(trial % 3)
+
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value), str(config), "--space",
+                         str(space), "--trials", "6", "--seeds", "1", "--rungs", "3", "--sampler", "random") == 0
+    said = capsys.readouterr().out
+    assert "trials 0-5 are one round: after a round of 4, the 2 left would be too few to halve" in said, said
+    [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
+    asked = (tune_dir / "tune.json").read_text(), study_trials(tune_dir)
+    with pytest.raises(SystemExit, match="^" + re.escape(
+            "error: --trials 8: the tune has asked 6 trials, and a round of the 2 more would be too small for "
+            "--rungs 3 with --eta 2: a round needs 4 trials or more; give --trials 10 or more")):
+        scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value), "--resume", str(tune_dir),
+                      "--trials", "8")
+    assert ((tune_dir / "tune.json").read_text(), study_trials(tune_dir)) == asked
+    assert scripted_tune(tmp_path, monkeypatch, ScriptedJobs(tmp_path / "runs", 1500, value), "--resume",
+                         str(tune_dir), "--trials", "10") == 0
+    rounds = json.loads((tune_dir / "rounds.json").read_text())
+    assert {first: len(entry["asked"]["trials"]) for first, entry in rounds.items()} == {"0": 6, "6": 4}
+    for entry in rounds.values():
+        assert [len(rung["kept"]) < len(rung["alive"]) for rung in entry["rungs"]] == [True, True], entry["rungs"]
+    assert len(study_trials(tune_dir)) == 10
+
+
 def test_the_spaces_in_configs_are_valid_and_a_sampler_is_found_by_name(tmp_path):
     for algo in ("dqn", "per_dqn", "nstep_dqn", "ddpg"):
         script = ROOT / "algos" / f"{algo}.py"
@@ -630,8 +661,8 @@ def test_a_qmc_tune_asks_in_rounds_the_sequence_one_sampler_asks(tmp_path, monke
 
 
 def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_one_line(tmp_path, monkeypatch):
-    """--resume with --objective, --seeds, --space, --rungs, --eta (...) other than the tune's: one line, nothing run;
-    given again with the same values, the tune goes on."""
+    """--resume with --objective, --seeds, --space, --rungs, --eta (...) other than the tune's, or with --trials or
+    --jobs below 1: one line, nothing run or written; given again with the same values, the tune goes on."""
     config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
     jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
     assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "2", "--seeds",
@@ -645,6 +676,10 @@ def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_
         with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option[0]} {' '.join(option[1:])}: the tune in "
                                                              f"{tune_dir} was asked with {asked}, and --resume")):
             run.main(["tune", "--resume", str(tune_dir), *option])
+    for option, value in (("--trials", "0"), ("--trials", "-2"), ("--jobs", "0"), ("--jobs", "-1")):
+        with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option} must be >= 1, got {value}")):
+            run.main(["tune", "--resume", str(tune_dir), option, value])
+    assert json.loads((tune_dir / "tune.json").read_text())["trials"] == 2
     jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
     assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir), "--trials", "3", "--seeds", "1", "2",
                          "--space", str(space), "--objective", "mean-std") == 0
