@@ -54,12 +54,17 @@ def refused_in_space() -> dict[str, str]:
     return {key: f"run.py tune sets {key} itself ({how})" for key, how in TUNE_KEYS.items()} | SPACE_REFUSED
 
 
+def sampler_class(name: str) -> str:
+    """The class name of the sampler `name` names: a short name's (tpe: TPESampler, ...), else `name` itself."""
+    return SHORT_NAMES.get(name.lower(), name)
+
+
 def sampler_named(name: str, seed: int):
     """An Optuna sampler by its class name (TPESampler, RandomSampler, ...) or short name (tpe, random, cmaes, gp,
     qmc, nsgaii), seeded; one that needs more than a seed (GridSampler, ...) is refused in one line."""
     optuna = optuna_module()
     names = sorted(n for n in dir(optuna.samplers) if n.endswith("Sampler") and not n.startswith("Base"))
-    chosen = SHORT_NAMES.get(name.lower(), name)
+    chosen = sampler_class(name)
     if chosen not in names:
         fail(f"--sampler {name}: Optuna has no such sampler (samplers: {', '.join(names)}; or "
              f"{', '.join(SHORT_NAMES)})")
@@ -77,9 +82,20 @@ def round_seed(name: str, seed: int, first_trial: int) -> int:
     study's trials, so a sampler created afresh goes on from it, with the round's random draws."""
     import numpy as np
 
-    if SHORT_NAMES.get(name.lower(), name) == "QMCSampler":
+    if sampler_class(name) == "QMCSampler":
         return seed
     return int(np.random.SeedSequence([seed, first_trial]).generate_state(1)[0])
+
+
+def round_sampler(name: str, seed: int, first_trial: int):
+    """The sampler that asks the round of trials from `first_trial` on, seeded from the tune's `seed` (round_seed); a
+    seed it cannot take is refused in one line."""
+    if seed < 0:
+        fail(f"--sampler-seed must be >= 0, got {seed}")
+    try:
+        return sampler_named(name, round_seed(name, seed, first_trial))
+    except ValueError as e:  # NumPy's, for QMC's own seed (its sequence's) above 2**32 - 1
+        fail(f"--sampler-seed {seed}: {sampler_class(name)} cannot take it ({e})")
 
 
 @contextlib.contextmanager
@@ -201,7 +217,7 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
             fail(f"--set {key}=...: run.py tune sets {key} itself ({TUNE_KEYS[key]})")
     space = args.space or ROOT / "configs" / script.stem / "spaces" / "default.yaml"
     space_from(space, args_class(script), refused_in_space())
-    sampler_named(args.sampler, 0)
+    round_sampler(args.sampler, args.sampler_seed, 0)  # the first round's, as it will be created
     if args.trials is None:
         fail("--trials must be >= 1, got None")
     at_least_one(args, ("trials", "num_seeds", "jobs", "round"))
@@ -253,18 +269,27 @@ def trials_asked(tune_dir: Path) -> int:
                 if "asked" in entry), default=0)
 
 
+def as_read(overrides: dict[str, str]) -> dict[str, str]:
+    """--set's values as run.py reads them (YAML), each as the text of the value with its type."""
+    return {key: repr(yaml_value(value)) for key, value in overrides.items()}
+
+
 def same_as_asked(args: argparse.Namespace, record: dict[str, Any], tune_dir: Path) -> None:
     """--resume continues a tune as it was asked: an option given again with another value is refused in one line."""
     for name in ASKED:
         given = getattr(args, name)
         if given is None:
             continue
-        if name == "space":
-            same, asked = Path(given).is_file() and Path(given).read_text() == record["space_text"], record["space"]
-        elif name == "set":
-            same, asked = overrides_from(given) == record["set"], " ".join(f"{k}={v}" for k, v in record["set"].items())
+        if name == "space":  # the same space, however it is written (comments, order, flow style)
+            same = Path(given).is_file() and yaml_value(Path(given).read_text()) == yaml_value(record["space_text"])
+            asked = record["space"]
+        elif name == "set":  # values as run.py reads them: false and False are one, 1 and 1.0 are not
+            same = as_read(overrides_from(given)) == as_read(record["set"])
+            asked = " ".join(f"{k}={v}" for k, v in record["set"].items())
         elif name == "runs_dir":
             same, asked = Path(given).resolve() == tune_dir.parent, str(tune_dir.parent)
+        elif name == "sampler":  # tpe and TPESampler name one sampler
+            same, asked = sampler_class(given) == sampler_class(record["sampler"]), record["sampler"]
         elif name == "seeds":
             same, asked = list(dict.fromkeys(given)) == record["seeds"], " ".join(map(str, record["seeds"]))
         else:
@@ -427,7 +452,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 break
             else:
                 first = len(trials)
-                sampler = sampler_named(record["sampler"], round_seed(record["sampler"], record["sampler_seed"], first))
+                sampler = round_sampler(record["sampler"], record["sampler_seed"], first)
                 count = halving.round_size(first, record["trials"], record["round"], record.get("rungs", 1),
                                            record.get("eta", 2))
                 if count > record["round"]:

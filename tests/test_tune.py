@@ -100,6 +100,9 @@ REFUSED = {  # case: (the config's values beyond TINY, the space beyond SPACE, m
                                   "--round 2 is too small for --rungs 3 with --eta 2: a round needs 4 trials or more"),
     "halving too few trials": ({}, {}, ["--rungs", "4", "--trials", "4"],
                                "--trials 4 is too few for --rungs 4 with --eta 2: halving needs 8 trials or more"),
+    "sampler seed below 0": ({}, {}, ["--sampler-seed", "-1"], "--sampler-seed must be >= 0, got -1"),
+    "sampler seed above NumPy's": ({}, {}, ["--sampler", "qmc", "--sampler-seed", str(2**32)],
+                                   f"--sampler-seed {2**32}: QMCSampler cannot take it"),
     "halving atari packs": ({"env": "PongNoFrameskip-v4"}, {}, ["--rungs", "2", "--num-seeds", "2"],
                             "successive halving cuts packs, and a pack of Atari games cannot be cut"),
     "int log and step": ({}, {"batch_size": {"type": "int", "low": 100, "high": 1000, "log": True, "step": 100}}, [],
@@ -662,17 +665,19 @@ def test_a_qmc_tune_asks_in_rounds_the_sequence_one_sampler_asks(tmp_path, monke
 
 def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_one_line(tmp_path, monkeypatch):
     """--resume with --objective, --seeds, --space, --rungs, --eta (...) other than the tune's, or with --trials or
-    --jobs below 1: one line, nothing run or written; given again with the same values, the tune goes on."""
+    --jobs below 1: one line, nothing run or written; given again with the same values, the tune goes on, the values
+    compared as what they name (the sampler by its class name or short name, the space and --set's values as read
+    from YAML, however written)."""
     config, space = write_yaml(tmp_path / "dqn" / "tiny.yaml", TINY), write_yaml(tmp_path / "space.yaml", SPACE)
     jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
     assert scripted_tune(tmp_path, monkeypatch, jobs, str(config), "--space", str(space), "--trials", "2", "--seeds",
-                         "1", "2", "--sampler", "random") == 0
+                         "1", "2", "--sampler", "random", "--set", "cuda=false") == 0
     [tune_dir] = (tmp_path / "runs").glob("tiny__tune__*")
     other = write_yaml(tmp_path / "other.yaml", {"gamma": SPACE["gamma"]})
     for option, asked in ((["--objective", "min"], "mean-std"), (["--seeds", "1", "3"], "1 2"),
                           (["--space", str(other)], str(space)), (["--rungs", "2"], "1"), (["--eta", "3"], "2"),
                           (["--num-seeds", "2"], "1"), (["--sampler", "tpe"], "random"),
-                          (["--set", "gamma=0.9"], "none")):
+                          (["--set", "cuda=true"], "cuda=false"), (["--set", "cuda=false", "threads=1"], "cuda=false")):
         with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option[0]} {' '.join(option[1:])}: the tune in "
                                                              f"{tune_dir} was asked with {asked}, and --resume")):
             run.main(["tune", "--resume", str(tune_dir), *option])
@@ -680,7 +685,11 @@ def test_a_tune_continued_with_another_value_of_what_it_was_asked_is_refused_in_
         with pytest.raises(SystemExit, match="^" + re.escape(f"error: {option} must be >= 1, got {value}")):
             run.main(["tune", "--resume", str(tune_dir), option, value])
     assert json.loads((tune_dir / "tune.json").read_text())["trials"] == 2
+    same_space = tmp_path / "same.yaml"  # the space, written otherwise
+    same_space.write_text("# the tune's space\n" + yaml.safe_dump(dict(reversed(SPACE.items())), sort_keys=False,
+                                                                  default_flow_style=True))
     jobs = ScriptedJobs(tmp_path / "runs", 1500, lambda trial, step: float(trial))
     assert scripted_tune(tmp_path, monkeypatch, jobs, "--resume", str(tune_dir), "--trials", "3", "--seeds", "1", "2",
-                         "--space", str(space), "--objective", "mean-std") == 0
+                         "--space", str(same_space), "--objective", "mean-std", "--sampler", "RandomSampler", "--set",
+                         "cuda=False") == 0
     assert len(study_trials(tune_dir)) == 3
