@@ -17,11 +17,20 @@ thread, median of repeated timings after a warm-up. The peer is TorchRL's
 TensorDict(Prioritized)ReplayBuffer over a LazyTensorStorage, the library's own fast path for
 TensorDicts.
 
-    /work/venv-peer/bin/python benchmarks/buffers.py            # full run, writes results/buffers.json
+    .venv-bench/bin/python benchmarks/buffers.py            # full run, writes results/buffers.json
     python benchmarks/buffers.py --quick                        # small capacities, a smoke test
     python benchmarks/buffers.py --device cuda                  # our buffers on a GPU, case (a)
     python benchmarks/buffers.py --no-1m                        # skip case (c)
-    /work/venv-peer/bin/python benchmarks/buffers.py --cases image   # case (d) alone
+    .venv-bench/bin/python benchmarks/buffers.py --cases image   # case (d) alone
+    .venv-bench/bin/python benchmarks/buffers.py --side-by-side --other ../before --runs 3 [--tree]
+
+--side-by-side times the PER loop of case (a) for this checkout's buffers, optionally another checkout's (--other,
+its `buffers` imported under another name: `git worktree add ../before <commit>`) and TorchRL's, all built and filled
+first with the same data and priorities, then their calls alternating in blocks (which goes first alternates too), so
+background load and the machine's state hit every version alike: a steadier comparison than separate runs (TorchRL's
+time moved by 40% between two runs on a quiet machine). Prints thread CPU time, median per call, per run, and the
+speed-ups against TorchRL; --tree also times the sum tree's parts, ours and the other's: `update` of 256 slots and
+`find_prefix` of 256 draws. Writes nothing.
 
 TorchRL's compiled segment tree needs the torch it was built against (torchrl 0.14.1: torch 2.14.1),
 so the comparison runs in its own virtual environment; see benchmarks/README.md. Without TorchRL,
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -157,7 +167,7 @@ class FrameStream:
 
 class Ours:
     library = "ours"
-    buffers = (ReplayBuffer, PrioritizedReplayBuffer)  # (uniform, prioritized): buffers_versions.py swaps them
+    buffers = (ReplayBuffer, PrioritizedReplayBuffer)  # (uniform, prioritized): --other swaps them
 
     def __init__(self, capacity: int, prioritized: bool, device: torch.device, frames: bool = False):
         frame_stack = 4 if frames else 0
@@ -562,8 +572,68 @@ def kept_rows(out: Path, cases_run: set[str], clocks: list[str]) -> dict | None:
             "command": earlier.get("command"), "machine": earlier.get("machine")}
 
 
+def other_checkout(path: Path) -> type[Ours]:
+    """Ours, with the buffers of another checkout of this repository (its package imported as `buffers_other`)."""
+    init = path.resolve() / "buffers" / "__init__.py"
+    if not init.is_file():
+        sys.exit(f"error: --other {path}: no buffers/__init__.py there")
+    spec = importlib.util.spec_from_file_location("buffers_other", init, submodule_search_locations=[str(init.parent)])
+    other = importlib.util.module_from_spec(spec)
+    sys.modules["buffers_other"] = other  # before exec: dataclasses and relative imports look the module up
+    spec.loader.exec_module(other)
+
+    class Other(Ours):
+        library = "other"
+        buffers = (other.ReplayBuffer, other.PrioritizedReplayBuffer)
+
+    return Other
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """The PER loop of the vector case: ours, --other's and TorchRL's in one process, calls alternating in blocks."""
+    libraries = [Ours] + ([other_checkout(args.other)] if args.other is not None else [])
+    version, _, prioritized_ok, message = torchrl_status(torch.device("cpu"))
+    if prioritized_ok and not args.no_torchrl:
+        libraries.append(TorchRL)
+    else:
+        print(f"TorchRL's prioritized buffer is not used ({message}): timing without it", flush=True)
+    case, cpu = Case("vector", 10**4 if args.quick else 10**6, (4,), torch.float32), torch.device("cpu")
+    buffers, td_errors = {}, {}
+    for lib in libraries:
+        generator = torch.Generator().manual_seed(1)  # the same data and priorities for every library
+        rb = buffers[lib.library] = lib(case.capacity, True, cpu)
+        prefill(rb, case, cpu, generator)
+        rb.set_priorities(torch.arange(case.capacity), torch.rand(case.capacity, generator=generator).pow(4))
+        td_errors[lib.library] = [torch.rand(BATCH, generator=generator) for _ in range(8)]
+        print(f"filled {lib.library}", flush=True)
+    ops = {name: (lambda i, name=name: buffers[name].sample_and_update(td_errors[name][i % 8])) for name in buffers}
+    print(f"PER sample + update, vector case, {case.capacity} items, batch {BATCH}, one torch thread; thread CPU "
+          f"time, median per call (us){'; torchrl ' + version if 'torchrl' in buffers else ''}")
+    if args.tree:  # the same slots, values and fractions for every version
+        generator = torch.Generator().manual_seed(2)
+        slots = torch.randint(0, case.capacity, (BATCH,), generator=generator)
+        values = torch.rand(BATCH, generator=generator, dtype=torch.float64)
+        fraction = torch.rand(BATCH, generator=generator, dtype=torch.float64)
+        for name in [name for name in buffers if name != "torchrl"]:
+            tree = buffers[name].rb.tree
+            ops[f"{name}:update"] = lambda i, tree=tree: tree.update(slots, values, True)
+            ops[f"{name}:find_prefix"] = lambda i, tree=tree: tree.find_prefix(fraction, relative=True)
+    for run in range(args.runs):
+        times = time_interleaved(ops, lambda: None, 0.15 if args.quick else 10.0, rounds=3 if args.quick else 30,
+                                 max_repeats=3000)
+        median = {name: 1e6 * statistics.median(cpu_s for _, cpu_s in t) for name, t in times.items()}
+        line = "  ".join(f"{name} {us:.1f}" for name, us in median.items() if ":" not in name)
+        if "torchrl" in median:
+            line += "  | speed-up (torchrl / x): " + "  ".join(
+                f"{name} {median['torchrl'] / us:.2f}x" for name, us in median.items()
+                if name != "torchrl" and ":" not in name)
+        print(f"run {run + 1}: {line}", flush=True)
+        if args.tree:
+            print("  tree: " + "  ".join(f"{name} {us:.1f}" for name, us in median.items() if ":" in name), flush=True)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: our buffers on the GPU, case (a) only")
     parser.add_argument("--quick", action="store_true",
                         help="small capacities and short timings (smoke test)")
@@ -577,9 +647,17 @@ def main() -> None:
     parser.add_argument("--max-together-gb", type=float, default=4.0,
                         help="keep both libraries' buffers alive together (calls interleaved) when their "
                              "storage fits in this many GB; otherwise one library after the other")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="the PER loop of the vector case, ours, --other's and TorchRL's in one process")
+    parser.add_argument("--other", type=Path, help="--side-by-side: another checkout of this repository, timed too")
+    parser.add_argument("--runs", type=int, default=3, help="--side-by-side: repeat the timing this many times")
+    parser.add_argument("--tree", action="store_true", help="--side-by-side: also time the sum tree's update and "
+                                                            "find_prefix, ours and --other's")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
+    if args.side_by_side:
+        return side_by_side(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device is available to this torch build")

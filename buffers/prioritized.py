@@ -191,7 +191,7 @@ class SegmentTree:
         boundary. Elsewhere both find the same leaf. Clamping the mass into each row (which would
         rule out a zero leaf on the CPU) cost 20% of find_prefix, and a binary search in the
         pairwise order (the same leaf on every device) 12 times its time at 1M leaves
-        (benchmarks/pairwise_descent.py), so neither is done.
+        (measured: benchmarks/README.md, replay buffers), so neither is done.
         """
         # upper[j + 1] = the mass up to and including top entry j; upper[0] = 0, the mass before entry 0.
         upper, upper_tail, upper_inner, total = self._scratch["upper"]

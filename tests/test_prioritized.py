@@ -985,15 +985,6 @@ def test_gpu_tree_benchmark_runs_on_the_cpu(capsys):
     assert "graph            skipped: needs CUDA" in capsys.readouterr().out
 
 
-def test_pairwise_descent_benchmark_runs(capsys):
-    """benchmarks/pairwise_descent.py, small: both descents timed, and they find the same leaves."""
-    from benchmarks import pairwise_descent
-
-    result = pairwise_descent.main(["--capacity", "3000", "--blocks", "2", "--calls", "2"])
-    assert result["agree"] > 0.99 and all(us > 0 for us in result["us"].values())
-    assert "the same leaf for" in capsys.readouterr().out
-
-
 @pytest.mark.slow
 def test_gpu_tree_benchmark_compiles_on_the_cpu(tmp_path):
     """Its default modes on the CPU (eager and compile; the graph modes skipped), writing JSON. 20-60 s."""
