@@ -10,8 +10,8 @@
     trials    a trial's value over its seeds, the tune's table, figure and best config
     halving   successive halving's rungs inside packs
 
-and here, what they all use: the repository's root, the one-line error, the flushed line, a YAML value, a file
-written whole or not at all.
+and here, what they all use: the repository's root, the one-line error, the flushed line, the seeds a script takes, a
+YAML value, a file written whole or not at all.
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ def fail(message: str) -> NoReturn:
 
 def say(text: str) -> None:
     print(text, flush=True)  # flushed so CI logs show progress as it happens
+
+
+def seeds_checked(option: str, seeds: list[int]) -> None:
+    """Each seed one a script can take (NumPy's global seed, which a run sets, is 0 to 2**32 - 1); another is refused
+    in one line before anything is written, instead of failing every run that has it."""
+    for seed in seeds:
+        if not 0 <= seed < 2**32:
+            fail(f"{option} {seed}: a seed must be from 0 to 2**32 - 1")
 
 
 def yaml_value(text: str) -> Any:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import yaml
 
-from launcher import ROOT, fail, say
+from launcher import ROOT, fail, say, seeds_checked
 from launcher.results import format_return, latest_evaluation, markdown, run_dirs_under, summary_in
 
 
 def evaluate_runs(args: argparse.Namespace) -> int:
     """`run.py evaluate`: each run's algorithm file with --evaluate (as processes, --jobs at a time), then a table
     of the training's final evaluation beside the new one. The exit code is 1 if any evaluation failed."""
+    seeds_checked("--seed", [] if args.seed is None else [args.seed])
     commands = {}
     for run_dir in run_dirs_under(args.run_dirs, "config.yaml"):
         algo = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("algo")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from launcher import ROOT, fail, say, yaml_value
+from launcher import ROOT, fail, say, seeds_checked, yaml_value
 from launcher.jobs import Job, run_launch
 
 ALGOS = ROOT / "algos"  # where a config's algo names its script (tests point it at a stub)
@@ -172,6 +172,7 @@ def launch(args: argparse.Namespace) -> int:
         fail(f"--jobs must be >= 1, got {args.jobs}")
     if args.num_seeds < 1:
         fail(f"--num-seeds must be >= 1, got {args.num_seeds}")
+    seeds_checked("--seeds", args.seeds)
     if "num_seeds" in config:
         fail(f"config {args.config} sets num_seeds, which run.py sets itself; use --num-seeds")
     stop = {**config, **{k: yaml_value(v) for k, v in overrides.items()}}.get("stop_return")

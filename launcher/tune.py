@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from launcher import ROOT, fail, halving, say, sweeps, write_whole, yaml_value
+from launcher import ROOT, fail, halving, say, seeds_checked, sweeps, write_whole, yaml_value
 from launcher.jobs import Job, LocalJobs, RayJobs, run_jobs
 from launcher.results import finished, summary_in
 from launcher.space import args_class, distributions, optuna_module, space_from
@@ -229,6 +229,7 @@ def new_tune(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         fail("stop_return stops a run early, so its final evaluation would not be the trial's: drop it")
     halving.rung_steps(budget(script, settings), args.rungs, args.eta)
     seeds = list(dict.fromkeys(args.seeds))
+    seeds_checked("--seeds", seeds)
     round_size = args.round or (args.jobs or 1) * max(1, args.num_seeds // len(seeds))
     if args.rungs > 1:
         round_size = halving.round_checked(args.round, round_size, args.trials, args.rungs, args.eta)

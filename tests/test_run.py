@@ -144,6 +144,8 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         ([str(config), "--set", "alpha=0.1", "--sweep", "alpha=0.2,0.4"], "alpha is given both in --set and --sweep"),
         ([str(config), "--sweep", "alpha=0.2", "--sweep", "alpha=0.4"], "--sweep alpha is given twice"),
         ([str(config), "--seeds", "1", "2", "--num-seeds", "2", "--set", "stop_return=100"], "--num-seeds 1 to use"),
+        ([str(config), "--seeds", "1", "-1"], "^error: --seeds -1: a seed must be from 0 to 2\\*\\*32 - 1"),
+        ([str(config), "--seeds", str(2**32)], f"^error: --seeds {2**32}: a seed must be"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):
@@ -151,6 +153,8 @@ def test_bad_input_gives_one_line_errors(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     with pytest.raises(SystemExit, match="no readable launch.json"):
         run.main(["resume", str(tmp_path)])
+    with pytest.raises(SystemExit, match="^error: --seed -1: a seed must be from 0"):  # before any run is evaluated
+        run.main(["evaluate", str(tmp_path / "runs"), "--seed", "-1"])
     result = launcher(config, "--set", "oops")  # and from the shell: one line, no traceback
     assert result.returncode != 0 and result.stderr.strip() == "error: --set takes key=value, got 'oops'"
 

@@ -100,6 +100,7 @@ REFUSED = {  # case: (the config's values beyond TINY, the space beyond SPACE, m
                                   "--round 2 is too small for --rungs 3 with --eta 2: a round needs 4 trials or more"),
     "halving too few trials": ({}, {}, ["--rungs", "4", "--trials", "4"],
                                "--trials 4 is too few for --rungs 4 with --eta 2: halving needs 8 trials or more"),
+    "seed below 0": ({}, {}, ["--seeds", "2", "-1"], "--seeds -1: a seed must be from 0 to 2**32 - 1"),
     "sampler seed below 0": ({}, {}, ["--sampler-seed", "-1"], "--sampler-seed must be >= 0, got -1"),
     "sampler seed above NumPy's": ({}, {}, ["--sampler", "qmc", "--sampler-seed", str(2**32)],
                                    f"--sampler-seed {2**32}: QMCSampler cannot take it"),
