@@ -37,8 +37,9 @@ def resumed_jobs(record: dict[str, Any], runs_dir: Path, total_timesteps: int | 
 
 def resume(args: argparse.Namespace) -> int:
     launch_dir = args.launch_dir.resolve()
-    if args.jobs is not None and args.jobs < 1:
-        fail(f"--jobs must be >= 1, got {args.jobs}")
+    for name in ("jobs", "total_timesteps"):  # 0 is not "not given"
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
         record = json.loads((launch_dir / "launch.json").read_text())
     except (OSError, ValueError) as e:

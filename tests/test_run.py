@@ -153,6 +153,9 @@ def test_bad_input_gives_one_line_errors(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     with pytest.raises(SystemExit, match="no readable launch.json"):
         run.main(["resume", str(tmp_path)])
+    for value in ("0", "-5"):  # 0 trained every run its own budget
+        with pytest.raises(SystemExit, match=f"^error: --total-timesteps must be >= 1, got {value}"):
+            run.main(["resume", str(tmp_path), "--total-timesteps", value])
     with pytest.raises(SystemExit, match="^error: --seed -1: a seed must be from 0"):  # before any run is evaluated
         run.main(["evaluate", str(tmp_path / "runs"), "--seed", "-1"])
     result = launcher(config, "--set", "oops")  # and from the shell: one line, no traceback
