@@ -5,8 +5,9 @@
     python benchmarks/atari_table.py --curves --game Breakout # one game's runs (its table printed, not written)
 
 A run is one entry of RUNS below: its curve's name, its run directory, its settings (the table's column: "preset", or
-the flags that change what it learns), the command that trained it and the machine it trained on. Adding a run is
-adding its entry; a game without a goal or published numbers in GOALS and DOPAMINE still gets its rows and figure.
+the flags that change what it learns), the machine it trained on and the command that trained it (by default the
+run's own config.yaml, which trains it again). Adding a run is adding its line; a game without a goal or published
+numbers in GOALS and DOPAMINE still gets its rows and figure.
 
 Curves (--curves): for each run whose directory is there, benchmarks/results/<name>.json and .png from its
 metrics.jsonl (a run still training gives its curve so far): every evaluation and training episode with its agent
@@ -61,58 +62,63 @@ class Run:
     name: str  # the curve: benchmarks/results/<name>.json and .png
     run_dir: str  # the run directory, under runs/
     settings: str  # the table's settings column: "preset", or the flags that change what the run learns
-    command: str  # the command that trained it (recorded in the curve)
     machine: str  # what it trained on (recorded; the table shows it up to the first comma outside parentheses)
+    command: str = ""  # the command that trained it (recorded; default: the run's own config.yaml, which repeats it)
     segments: tuple[tuple[int, float], ...] = ()  # (first step, wall time) of processes that logged no wall time
     table: bool = True  # a row of the table and a line of the game's figure (False: its own curve only)
 
 
 EPYC = "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast"
 XEON = "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast"
-RUNS = [
+RUNS = [  # a run is one entry; a new run's command can be left to its config.yaml, e.g.
+    # Run("beamrider_1", "BeamRiderNoFrameskip-v4__per_dqn__1", "preset", f"{XEON}, 1 thread, 8 envs"),
     Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
-        "python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency 25000 "
-        "--stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR",
-        f"{EPYC}, 2 threads, 8 envs, shared with other jobs", segments=((0, 0.0), (31856, 668.0), (34184, 695.0))),
+        f"{EPYC}, 2 threads, 8 envs, shared with other jobs", segments=((0, 0.0), (31856, 668.0), (34184, 695.0)),
+        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency "
+                "25000 --stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with "
+                "--resume RUN_DIR"),
     Run("pong_cpu_bf16_2", "PongNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
-        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 --checkpoint-frequency 25000 "
-        "--stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume "
-        "RUN_DIR", f"{XEON}, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step "
-                   "240,000"),
+        f"{XEON}, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step 240,000",
+        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 "
+                "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
+                "PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR"),
     Run("pong_cpu_bf16_3", "PongNoFrameskip-v4__per_dqn__cpu_bf16__3", "preset",
-        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 --checkpoint-frequency 25000 "
-        "--stop-return 18 --threads 1 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume "
-        "RUN_DIR", f"{XEON}, 1 thread, 8 envs, the other core used by other jobs part of the time"),
+        f"{XEON}, 1 thread, 8 envs, the other core used by other jobs part of the time",
+        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 "
+                "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
+                "PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR"),
     Run("pong_b128f8_1", "PongNoFrameskip-v4__per_dqn__b128f8__1", "--batch-size 128 --train-frequency 8",
-        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 1 --batch-size 128 --train-frequency 8 "
-        "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
-        "--run-name PongNoFrameskip-v4__per_dqn__b128f8__1", f"{XEON}, 2 threads, 8 envs, the run alone on both cores",
-        table=False),
+        f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
+        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 1 --batch-size 128 --train-frequency 8 "
+                "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
+                "--run-name PongNoFrameskip-v4__per_dqn__b128f8__1"),
     Run("pong_b128f8_2", "PongNoFrameskip-v4__per_dqn__b128f8__2", "--batch-size 128 --train-frequency 8",
-        "python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --batch-size 128 --train-frequency 8 "
-        "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
-        "--run-name PongNoFrameskip-v4__per_dqn__b128f8__2", f"{XEON}, 2 threads, 8 envs, the run alone on both cores",
-        table=False),
+        f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
+        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --batch-size 128 --train-frequency 8 "
+                "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
+                "--run-name PongNoFrameskip-v4__per_dqn__b128f8__2"),
     Run("breakout_cpu_bf16_1", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
-        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --eval-frequency 50000 --checkpoint-frequency "
-        "50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with --resume RUN_DIR "
-        "[--threads 2]", f"{XEON}, 1 thread to step 111,984, then 2 threads, the run alone on both cores, 8 envs"),
+        f"{XEON}, 1 thread to step 111,984, then 2 threads, the run alone on both cores, 8 envs",
+        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --eval-frequency 50000 "
+                "--checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1, "
+                "continued with --resume RUN_DIR [--threads 2]"),
     Run("breakout_cpu_bf16_2", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
-        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --eval-frequency 50000 --checkpoint-frequency "
-        "50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR "
-        "[--threads 2]", f"{XEON}, 1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), "
-                         "1 thread to 650,000 beside the 1M-buffer run below, then 2 threads alone, 8 envs"),
+        f"{XEON}, 1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), 1 thread to 650,000 "
+        "beside the 1M-buffer run below, then 2 threads alone, 8 envs",
+        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --eval-frequency 50000 "
+                "--checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2, "
+                "continued with --resume RUN_DIR [--threads 2]"),
     Run("breakout_buffer1M_1", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__1", "--buffer-size 1000000",
-        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 --eval-frequency 50000 "
-        "--checkpoint-frequency 0 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued "
-        "with --resume RUN_DIR [--threads N]",
-        f"{XEON}, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs"),
+        f"{XEON}, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs",
+        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 "
+                "--eval-frequency 50000 --checkpoint-frequency 0 --threads 1 --run-name "
+                "BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued with --resume RUN_DIR [--threads N]"),
     Run("breakout_buffer1M_2", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2", "--buffer-size 1000000",
-        "python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 --eval-frequency 50000 "
-        "--checkpoint-frequency 250000 --threads 2 --run-name BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, "
-        "continued with --resume RUN_DIR [--threads N]",
         f"{XEON}, 2 threads, 1 from step 99,744 to 235,320 (tests on the other core); resumed alone at 701,352, "
-        "8 envs"),
+        "8 envs",
+        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 "
+                "--eval-frequency 50000 --checkpoint-frequency 250000 --threads 2 --run-name "
+                "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, continued with --resume RUN_DIR [--threads N]"),
 ]
 
 
@@ -160,7 +166,8 @@ def write_curve(run: Run) -> None:
     run_dir = ROOT / "runs" / run.run_dir
     config = run_dir / "config.yaml"
     settings = yaml.safe_load(config.read_text()) if config.is_file() else {}
-    data = {"command": run.command, "machine": run.machine, "run": run_dir.name, "env": settings.get("env"),
+    command = run.command or f"python algos/{settings['algo']}.py --config runs/{run.run_dir}/config.yaml"
+    data = {"command": command, "machine": run.machine, "run": run_dir.name, "env": settings.get("env"),
             "seed": settings.get("seed"), **curve(run_dir, run.segments)}
     (RESULTS / f"{run.name}.json").write_text(json.dumps(data, indent=1))
     best = max((e["eval/episodic_return"] for e in data["evaluations"]), default=None)
