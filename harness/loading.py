@@ -15,6 +15,7 @@ import yaml
 
 from .args import fail, load_checkpoint
 from .files import read_json
+from .progress import say
 
 
 def load_model(directory: Path, algo: str, model: dict[str, nn.Module]) -> tuple[int | None, str]:
@@ -36,6 +37,10 @@ def load_model(directory: Path, algo: str, model: dict[str, nn.Module]) -> tuple
                 fail(f"{directory} has no model.pt, and the checkpoint in {holder} no longer holds it: its pack went "
                      f"on without it, and no model.pt of it was kept (its members now: {', '.join(state['dirs'])})")
             step = state["counts"][0]
+            if summary.get("global_step") is not None and step < summary["global_step"]:
+                # a pack's member cut at a rung before it was left out: its checkpoint is of that step, not the end
+                say(f"note: {directory} kept no model.pt; its networks come from the checkpoint in {holder}, of step "
+                    f"{step:,}, not of the step {summary['global_step']:,} it trained to")
             saved = {name: state[name] for name in model} if len(state["dirs"]) == 1 else \
                 member_model(state, state["dirs"].index(directory.name), plain_shapes(model))
         for name, network in model.items():

@@ -505,6 +505,20 @@ def test_evaluate_of_a_renamed_copy_of_a_run_without_model_pt_reads_its_checkpoi
     assert record["networks"] == "checkpoint.pt" and record["returns"] == summary["eval_returns"]
 
 
+def test_evaluate_says_when_the_checkpoint_is_of_an_earlier_step_than_the_run_trained_to(capsys):
+    """A run without model.pt whose checkpoint is older than its end (a tune's member, cut at a rung, as summary.json
+    of a later step says; made here by editing summary.json): --evaluate still evaluates the checkpoint's networks,
+    and says in a line which step they are of and how far the run went. Fails if it stays silent."""
+    dqn.main(tiny_args(dqn, run_name="r", save_model=False, checkpoint_frequency=400))
+    summary = json.loads(Path("runs/r/summary.json").read_text())
+    assert "note:" not in capsys.readouterr().out
+    Path("runs/r/summary.json").write_text(json.dumps({**summary, "global_step": 800}))
+    record = dqn.main(parse(dqn, ["--evaluate", "runs/r"]))
+    assert record["global_step"] == 400 and record["networks"] == "checkpoint.pt"
+    assert ("note: runs/r kept no model.pt; its networks come from the checkpoint in runs/r, of step 400, not of the "
+            "step 800 it trained to") in capsys.readouterr().out
+
+
 def test_a_kill_during_a_write_leaves_the_previous_file(tmp_path):
     """write_atomic writes beside the file and renames: a write that dies halfway leaves the old summary whole
     (and read_json reads a truncated file as None, so run.py counts such a run unfinished)."""
