@@ -46,11 +46,14 @@ GOALS = {"Pong": 18.0, "Breakout": 30.0}
 # Same-step anchors, agent steps (4 frames each). CleanRL dqn_atari: 3 seeds, read from its curves (training return).
 # Dopamine: baselines/atari/data/<game>.json, the mean over its 5 runs of an iteration's value (the mean training
 # return of the iteration's episodes; iteration k covers agent steps 250k k to 250k (k + 1), listed at its end),
-# sticky actions; agents "DQN", "DQN (Adam + MSE in JAX)" and "Rainbow".
-DOPAMINE = {"Pong": {250_000: (-20.3, -20.2, -20.4), 500_000: (-19.1, -18.5, -20.6), 1_000_000: (-16.6, -13.9, -16.5)},
-            "Breakout": {250_000: (1.6, 1.8, 1.8), 500_000: (3.1, 6.5, 4.5), 1_000_000: (6.7, 18.9, 15.6),
-                         2_000_000: (16.3, 38.3, 32.4)}}
-AGENTS = ("Dopamine DQN", "Dopamine Adam-DQN", "Dopamine Rainbow")
+# sticky actions; agents "DQN", "DQN (Adam + MSE in JAX)", "Rainbow" and "IQN".
+DOPAMINE = {"Pong": {250_000: (-20.3, -20.2, -20.4, -19.4), 500_000: (-19.1, -18.5, -20.6, -13.8),
+                     1_000_000: (-16.6, -13.9, -16.5, -1.8), 2_000_000: (-8.5, -0.8, 10.7, 12.8)},
+            "Breakout": {250_000: (1.6, 1.8, 1.8, 4.1), 500_000: (3.1, 6.5, 4.5, 16.3),
+                         1_000_000: (6.7, 18.9, 15.6, 31.6), 2_000_000: (16.3, 38.3, 32.4, 71.6)},
+            "BeamRider": {250_000: (361.5, 374.0, 354.7, 421.5), 500_000: (331.4, 424.3, 371.0, 1218.0),
+                          1_000_000: (357.3, 1116.4, 525.7, 5614.1), 2_000_000: (518.2, 5363.5, 4146.4, 4820.0)}}
+AGENTS = ("Dopamine DQN", "Dopamine Adam-DQN", "Dopamine Rainbow", "Dopamine IQN")
 ANCHORS = {game: [(name, step, value) for step, values in steps.items()
                   for name, value in zip(AGENTS, values, strict=True)] for game, steps in DOPAMINE.items()}
 ANCHORS["Pong"] += [("CleanRL dqn_atari", 1_000_000, -14.0)]
@@ -145,16 +148,19 @@ def curve(run_dir: Path, segments: tuple[tuple[int, float], ...]) -> dict:
         readings = [wall for at, wall in clock if at <= step]
         return round(readings[-1], 1) if readings else None
 
+    capped = {r["global_step"]: r["eval/capped_episodes"] for r in records if "eval/capped_episodes" in r}
     evaluations = [{"global_step": r["global_step"], "wall_s": wall_at(r["global_step"]),
-                    "eval/episodic_return": r["eval/episodic_return"]} for r in records if "eval/episodic_return" in r]
+                    "eval/episodic_return": r["eval/episodic_return"],
+                    "capped": capped.get(r["global_step"], 0)}  # games the episode cap ended (logged when any)
+                   for r in records if "eval/episodic_return" in r]
     episodes = [{"global_step": r["global_step"], "wall_s": wall_at(r["global_step"]),
                  "episodic_return": r["charts/episodic_return"], "epsilon": r.get("charts/epsilon")}
                 for r in records if "charts/episodic_return" in r]
     losses = [{k.removeprefix("losses/"): v for k, v in r.items()} for r in records if "losses/td_loss" in r]
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    final = {key: summary[key] for key in ("eval_return_mean", "eval_return_std", "eval_returns", "global_step",
-                                           "wall_time_s", "interrupted") if key in summary}
-    again = [{key: e[key] for key in ("seed", "eval_episodes", "eval_epsilon", "returns", "mean", "std")}
+    final = {key: summary[key] for key in ("eval_return_mean", "eval_return_std", "eval_returns", "eval_capped",
+                                           "global_step", "wall_time_s", "interrupted") if key in summary}
+    again = [{key: e.get(key) for key in ("seed", "eval_episodes", "eval_epsilon", "returns", "mean", "std", "capped")}
              for e in (json.loads(p.read_text()) for p in sorted((run_dir / "evaluations").glob("*.json")))]
     return {"final_evaluation": final, "evaluated_again": again,
             "last_step": records[-1]["global_step"] if records else 0, "last_wall_s": clock[-1][1] if clock else None,
@@ -168,7 +174,7 @@ def write_curve(run: Run) -> None:
     settings = yaml.safe_load(config.read_text()) if config.is_file() else {}
     command = run.command or f"python algos/{settings['algo']}.py --config runs/{run.run_dir}/config.yaml"
     data = {"command": command, "machine": run.machine, "run": run_dir.name, "env": settings.get("env"),
-            "seed": settings.get("seed"), **curve(run_dir, run.segments)}
+            "seed": settings.get("seed"), "config": settings, **curve(run_dir, run.segments)}
     (RESULTS / f"{run.name}.json").write_text(json.dumps(data, indent=1))
     best = max((e["eval/episodic_return"] for e in data["evaluations"]), default=None)
     hours = (data["last_wall_s"] or 0) / 3600
@@ -259,8 +265,8 @@ def finals(group: tuple[str, bool, str], curves: list[dict]) -> str | None:
 
 def table(curves: list[dict]) -> str:
     head = ("| game | settings | seed | machine | eval 250k | eval 500k | eval 1M | first eval >= goal (steps, h) "
-            "| last eval (steps) | Dopamine's metric 250k / 500k / 1M | CleanRL's metric 1M |")
-    lines = [head, "| --- " * 11 + "|"]
+            "| last eval (steps) | games capped | Dopamine's metric 250k / 500k / 1M | CleanRL's metric 1M |")
+    lines = [head, "| --- " * 12 + "|"]
     for data in sorted(curves, key=order):
         game, seed = game_and_seed(data)
         goal = GOALS.get(game)
@@ -270,11 +276,13 @@ def table(curves: list[dict]) -> str:
         last = data["evaluations"][-1] if data["evaluations"] else None
         dopamine = " / ".join(cell(training_mean(data, step - 250_000, step)) or "-" for step in STEPS)
         cleanrl = cell(training_mean(data, 950_000, 1_000_000)) or "-"
+        known = [e["capped"] for e in data["evaluations"] if "capped" in e]  # curves before the count: "-"
+        capped = f"{sum(known)} in {len(known)} evals" if known else "-"
         lines.append(f"| {game} | {data['settings']} | {seed} | {machine(data)} | "
                      + " | ".join(cell(evaluation_at(data, step)) or "-" for step in STEPS)
                      + (f" | {to_goal} (goal {goal}) | " if goal is not None else " | - (no goal) | ")
                      + (f"{last['eval/episodic_return']:.1f} ({last['global_step'] / 1e3:.0f}k)" if last else "-")
-                     + f" | {dopamine} | {cleanrl} |")
+                     + f" | {capped} | {dopamine} | {cleanrl} |")
     lines.append("")
     lines += [line for group in sorted({order(d)[:3] for d in curves}) if (line := finals(group, curves))]
     for game in sorted({game_and_seed(d)[0] for d in curves}):
@@ -301,7 +309,8 @@ def figure(game: str, curves: list[dict], path: Path) -> None:
         ax.plot([e["global_step"] / 1e6 for e in data["evaluations"]],
                 [e["eval/episodic_return"] for e in data["evaluations"]], "o-", color=colour, markersize=3,
                 label=f"seed {seed}, {data['settings']}: evaluation (line: training, mean of 20)")
-    markers = {"CleanRL dqn_atari": "X", "Dopamine DQN": "o", "Dopamine Adam-DQN": "s", "Dopamine Rainbow": "^"}
+    markers = {"CleanRL dqn_atari": "X", "Dopamine DQN": "o", "Dopamine Adam-DQN": "s", "Dopamine Rainbow": "^",
+               "Dopamine IQN": "D"}
     for name, marker in markers.items():
         points = [(step / 1e6, value) for source, step, value in ANCHORS.get(game, []) if source == name]
         if points:
