@@ -2,12 +2,16 @@
 
     python benchmarks/cpu_learner.py                         # every variant, threads 1 and 2, batch 32
     python benchmarks/cpu_learner.py --variants fp32 bf16 --threads 2 --batch-sizes 32 64 128
+    python benchmarks/cpu_learner.py --variants bf16 --threads 1 --buffer-sizes 100000 1000000 --full
 
 One learner step is what algos/per_dqn.py's `learn(1, 0)` does on the Atari preset: sample 32 frame stacks from a
 100k prioritized replay (PER, 3-step), the target network's forward, the Q-network's forward and backward, gradient
 clipping, fused Adam and the priorities written back. The buffer is filled with 3000 real Pong transitions of random
 play (PongNoFrameskip-v4 through the file's own recorder, n-step folding and frame storage); the networks, update and
-learner are the file's own (QNetwork, make_update, make_learner), wrapped as the run wraps them. Variants:
+learner are the file's own (QNetwork, make_update, make_learner), wrapped as the run wraps them. --buffer-sizes
+times the step with replays of other capacities (each its own row); --full fills each to its capacity, the 3000
+transitions written again and again, so that sampling meets a tree and a frame store of that size (a 1M replay
+takes about 7 GB). Variants:
 
     fp32           the plain update (the code before --precision)
     channels_last  the networks' weights in channels_last layout (oneDNN's preferred one)
@@ -55,8 +59,9 @@ from tests.algo_utils import load_algo, parse  # noqa: E402
 VARIANTS = ("fp32", "channels_last", "bf16", "bf16_fp32_in", "bf16_cl", "compile", "compile_bf16")
 
 
-def pong_buffer(algo, args, transitions: int = 3000) -> tuple[PrioritizedReplayBuffer, object]:
-    """A 100k PER buffer (frames once, 3-step) holding `transitions` steps of random Pong play, and the env."""
+def pong_buffer(algo, args, transitions: int = 3000, full: bool = False) -> tuple[PrioritizedReplayBuffer, object]:
+    """A PER buffer of args.buffer_size (frames once, 3-step) holding `transitions` steps of random Pong play, or
+    with `full` those steps again and again until it holds its capacity; and the env."""
     env = make_vector_env(args.env, 1, 1)
     rb = PrioritizedReplayBuffer(args.buffer_size, args.alpha, args.beta_start, args.prio_eps, "cpu", [1], 4,
                                  num_seeds=1)
@@ -64,12 +69,17 @@ def pong_buffer(algo, args, transitions: int = 3000) -> tuple[PrioritizedReplayB
     recorder = TransitionRecorder(1, clip_reward=True)
     rng = np.random.default_rng(0)
     obs, _ = env.reset(seed=1)
+    played = []
     for _ in range(transitions):
         action = rng.integers(env.single_action_space.n, size=1)
         next_obs, reward, terminated, truncated, info = env.step(action)
         steps, _ = recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        played.append(steps)
         rb.extend(nstep.push(rb.add_frames(steps)))
         obs = next_obs
+    while full and len(rb) < rb.capacity:  # the replayed steps' first obs starts a new episode in the store
+        for steps in played:
+            rb.extend(nstep.push(rb.add_frames(steps)))
     return rb, env
 
 
@@ -105,6 +115,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32])
+    parser.add_argument("--buffer-sizes", type=int, nargs="+", default=[100_000], help="replay capacities")
+    parser.add_argument("--full", action="store_true", help="fill each replay to its capacity")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="learner steps per round")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_learner.json")
@@ -116,31 +128,41 @@ def main() -> None:
     print(f"CPU: {model}, {os.cpu_count()} cores, flags {' '.join(flags)}; torch {torch.__version__}", flush=True)
     rows = []
     for batch_size in options.batch_sizes:
-        args = parse(algo, ["--env", "PongNoFrameskip-v4", "--batch-size", str(batch_size), "--no-cuda"])
-        rb, env = pong_buffer(algo, args)
+        replays = {}  # every capacity's replay at once, so that their steps are timed in turn
+        for buffer_size in options.buffer_sizes:
+            args = parse(algo, ["--env", "PongNoFrameskip-v4", "--batch-size", str(batch_size), "--no-cuda",
+                                "--buffer-size", str(buffer_size)])
+            replays[buffer_size] = (args, *pong_buffer(algo, args, full=options.full))
         for threads in options.threads:
             torch.set_num_threads(threads)
-            learns = {variant: learner(algo, args, rb, env, variant) for variant in options.variants}
+            learns = {(size, variant): learner(algo, args, rb, env, variant)
+                      for size, (args, rb, env) in replays.items() for variant in options.variants}
             for learn in learns.values():
                 for _ in range(3):
                     learn(1, 0)
-            times = {variant: [] for variant in learns}
+            times = {key: [] for key in learns}
             for _ in range(options.rounds):
-                for variant, learn in learns.items():
+                for key, learn in learns.items():
                     start = time.perf_counter()
                     for _ in range(options.steps):
                         learn(1, 0)
-                    times[variant].append((time.perf_counter() - start) / options.steps * 1e3)
-            base = statistics.median(times["fp32"]) if "fp32" in times else None
-            for variant, ms in times.items():
-                median = statistics.median(ms)
-                rows.append({"batch_size": batch_size, "threads": threads, "variant": variant, "ms_median": median,
-                             "ms_min": min(ms), "ms_per_32_samples": median * 32 / batch_size,
-                             "speedup_vs_fp32": base / median if base else None})
+                    times[key].append((time.perf_counter() - start) / options.steps * 1e3)
+            for (size, variant), ms in times.items():
+                median, stored = statistics.median(ms), len(replays[size][1])
+                base = statistics.median(times[size, "fp32"]) if (size, "fp32") in times else None
+                first = statistics.median(times[options.buffer_sizes[0], variant])
+                rows.append({"batch_size": batch_size, "buffer_size": size, "stored": stored, "threads": threads,
+                             "variant": variant, "ms_median": median, "ms_min": min(ms),
+                             "ms_per_32_samples": median * 32 / batch_size,
+                             "speedup_vs_fp32": base / median if base else None,
+                             "time_vs_first_buffer_size": median / first})
                 ratio = f"{base / median:5.2f}x fp32" if base else ""
-                print(f"batch {batch_size:3d}  threads {threads}  {variant:14s} {median:7.2f} ms per learner step "
-                      f"(min {min(ms):6.2f}; {median * 32 / batch_size:6.2f} ms per 32 samples)  {ratio}", flush=True)
-        env.close()
+                print(f"batch {batch_size:3d}  replay {stored:,}/{size:,}  threads {threads}  {variant:14s} "
+                      f"{median:7.2f} ms per learner step (min {min(ms):6.2f}; {median * 32 / batch_size:6.2f} ms "
+                      f"per 32 samples; {median / first:5.3f}x the first replay's)  {ratio}", flush=True)
+        for _, _, env in replays.values():
+            env.close()
+        del replays  # before the next batch size's replays are filled
     options.out.write_text(json.dumps({"cpu": model, "flags": flags, "cores": os.cpu_count(),
                                        "torch": torch.__version__, "rounds": options.rounds,
                                        "steps_per_round": options.steps, "rows": rows}, indent=2))
