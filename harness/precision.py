@@ -90,8 +90,9 @@ def pixels(obs: torch.Tensor) -> torch.Tensor:
     """uint8 pixels [..., C, H, W] as obs / 255 for the first convolution: fp32, or under the CPU's bf16 autocast
     the same numbers as the bf16 cast of the fp32 quotient (every uint8 is exact in bf16, and a bf16 division rounds
     the fp32 quotient), without writing that fp32 copy; a batch [B, C, H, W] in channels_last there, the layout
-    oneDNN's bf16 convolutions compute in, so no reorder runs before and after each of them. The update's results
-    stay bit for bit those of `obs.float() / 255` (tests/test_precision.py); about 1.14x faster per Pong update
+    oneDNN's bf16 convolutions compute in, so no reorder runs before and after each of them. With AMX the update's
+    results stay bit for bit those of `obs.float() / 255` (with AVX512-BF16 alone, oneDNN's kernels for the two
+    layouts sum in other orders: equal up to rounding; tests/test_precision.py); about 1.14x faster per Pong update
     on one thread of an Intel Xeon with AMX (benchmarks/cpu_learner.py, variants bf16_fp32_in and bf16)."""
     if obs.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return obs.float() / 255.0

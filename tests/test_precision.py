@@ -116,18 +116,25 @@ def fake_evaluations(monkeypatch):
 @needs_bf16
 def test_bf16_trains_reproducibly_with_fp32_q_values(tmp_path, monkeypatch, fake_evaluations):
     """On a bf16 CPU, auto trains Pong's CNN under bf16 autocast: two runs are the same bit for bit, both differ from
-    the fp32 run (so autocast is on), by little (so the master weights are fp32), and the logged Q-values and TD
-    errors are fp32 numbers. config.yaml records the precision asked, summary.json the one the run took."""
+    the fp32 run (so autocast is on), their weights are fp32 and moved from the initial ones as far as the fp32
+    run's did, within a factor of 2 (bf16 master weights would round most of Adam's steps of 1e-4 away), and the
+    logged Q-values and TD errors are fp32 numbers. config.yaml records the precision asked, summary.json the one
+    the run took."""
     monkeypatch.chdir(tmp_path)
     algo = load_algo("per_dqn")
     took = {name: algo.main(parse(algo, pong(name, "--precision", precision)))["precision"]
             for name, precision in (("a", "auto"), ("b", "bf16"), ("c", "fp32"))}
     assert took == {"a": "bf16", "b": "bf16", "c": "fp32"}
-    a, b, c = (model(tmp_path / "runs" / name) for name in "abc")
+    assert algo.main(parse(algo, pong("init", "--learning-starts", "480")))["updates"] == 0  # the initial weights
+    a, b, c, init = (model(tmp_path / "runs" / name) for name in ("a", "b", "c", "init"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert records(tmp_path / "runs" / "a") == records(tmp_path / "runs" / "b")
     assert not all(torch.equal(a[k], c[k]) for k in a)
-    assert all(a[k].dtype == torch.float32 and torch.allclose(a[k], c[k], atol=1e-2) for k in a)
+
+    def moved(weights: dict) -> float:
+        return float(torch.cat([(weights[k] - init[k]).flatten() for k in init]).norm())
+
+    assert all(a[k].dtype == torch.float32 for k in a) and 0.5 < moved(a) / moved(c) < 2
     assert yaml.safe_load((tmp_path / "runs" / "a" / "config.yaml").read_text())["precision"] == "auto"
     assert yaml.safe_load((tmp_path / "runs" / "c" / "config.yaml").read_text())["precision"] == "fp32"
     losses = [r for r in records(tmp_path / "runs" / "a") if "losses/q_values" in r]
@@ -213,8 +220,10 @@ def test_pixels_under_bf16_autocast_are_the_bf16_cast_of_the_fp32_quotient():
 @pytest.mark.parametrize("name", ["dqn", "per_dqn", "nstep_dqn"])
 def test_the_cnn_update_under_bf16_is_the_one_of_the_fp32_quotient_bit_for_bit(name):
     """Each DQN file's Nature CNN, three Adam steps of a TD-like loss under bf16 autocast on random Pong-sized
-    batches: the Q-values, gradients and weights equal bit for bit those of the same network fed
-    `(obs.float() / 255)` in the default layout (how it computed before pixels()), and differ from fp32's."""
+    batches: on a CPU with AMX, the Q-values, gradients and weights equal bit for bit those of the same network fed
+    `(obs.float() / 255)` in the default layout (how it computed before pixels()), and differ from fp32's. With
+    AVX512-BF16 alone (AMD EPYC), oneDNN's kernels for the two layouts sum in other orders: the two differ by
+    rounding, by at most a tenth of how far fp32 is from either (0.023 of it, measured on an EPYC)."""
     algo = load_algo(name)
 
     class Before(algo.QNetwork):
@@ -239,7 +248,13 @@ def test_the_cnn_update_under_bf16_is_the_one_of_the_fp32_quotient_bit_for_bit(n
             outputs += [q.detach().clone()] + [p.grad.clone() for p in network.parameters()]
             optimizer.step()
         runs[key] = outputs + [p.detach().clone() for p in network.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(runs["now"], runs["before"], strict=True))
+    def apart(x: str, y: str) -> float:  # the norm of all the differences of two runs
+        return float(torch.cat([(a - b).flatten() for a, b in zip(runs[x], runs[y], strict=True)]).norm())
+
+    if "amx_bf16" in harness.precision.cpu_flags():
+        assert all(torch.equal(a, b) for a, b in zip(runs["now"], runs["before"], strict=True))
+    else:
+        assert apart("now", "before") <= 0.1 * apart("now", "fp32")
     assert not all(torch.equal(a, b) for a, b in zip(runs["now"], runs["fp32"], strict=True))
 
 
