@@ -122,6 +122,15 @@ RUNS = [  # a run is one entry; a new run's command can be left to its config.ya
         command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 "
                 "--eval-frequency 50000 --checkpoint-frequency 250000 --threads 2 --run-name "
                 "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, continued with --resume RUN_DIR [--threads N]"),
+    # Candidates for one preset for every game, screened at 250k-500k agent steps (docs/atari.md)
+    Run("screen_beamrider_buf1M_1", "screen_beamrider_buf1M_1", "--buffer-size 1000000",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+    Run("screen_pong_buf1M_1", "screen_pong_buf1M_1", "--buffer-size 1000000",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+    Run("screen_breakout_eps_1", "screen_breakout_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+    Run("screen_pong_eps_1", "screen_pong_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
 ]
 
 
