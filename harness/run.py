@@ -342,15 +342,15 @@ class Run:
 
     def stalled(self, step: int) -> None:
         """Says so, in the metrics and in one printed line, when the cap ended some episodes of the evaluation just
-        made: their policy kept the game from ending (on Atari: no FIRE after a lost life, or a rally that repeats
-        itself, as a greedy Pong policy can play against the game's own), so their returns are not a whole game's."""
+        made: their policy kept the game from ending (on Atari: no FIRE after a lost life, or play that never ends a
+        game, as some greedy Pong policies did half-way through training), so their returns are not a whole game's."""
         if not any(self.capped):
             return
         if self.args.evaluate is None:
             self.log(step, {"eval/capped_episodes": self.capped})
         counts = ", ".join(f"{n} of {self.args.eval_episodes}" for n in self.capped)
         message = (f"evaluation at step {step}: {counts} episodes ended at the episode cap, not by the game: the "
-                   "policy kept it from ending (on Atari: no FIRE after a lost life, or a rally that repeats itself)")
+                   "policy kept it from ending (on Atari: no FIRE after a lost life, or play that never ends a game)")
         say(message)
 
     def evaluate(self, step: int, video: bool = False, final: bool = False) -> None:
