@@ -23,11 +23,11 @@ from buffers import NStepReturns, PrioritizedReplayBuffer
 from envs import TransitionRecorder, is_atari
 from harness import Packable, Run, RunArgs, chosen, clip_grad_norm, crossed, fail, parse_args, per_leaf, pixels
 
-# Atari ids without --config: Lapan's Pong settings at half its replay ratio, Rainbow's n = 3 (docs/atari.md).
+# Atari ids without --config: Lapan's Pong settings at half its replay ratio, n = 3 and a 1M replay (docs/atari.md).
 ATARI_PRESET = dict(learning_rate=1e-4, batch_size=32, gradient_steps=1, target_network_frequency=1000, start_e=1.0,
                     exploration_fraction=0.1, anneal_lr=False, num_envs=8, threads=2,
-                    total_timesteps=1_000_000, buffer_size=100_000, learning_starts=10_000, train_frequency=2, n_step=3,
-                    end_e=0.02, loss="mse", eval_epsilon=0.001, eval_frequency=100_000, checkpoint_frequency=250_000)
+                    total_timesteps=1_000_000, buffer_size=1_000_000, train_frequency=2, end_e=0.02, eval_epsilon=0.001,
+                    learning_starts=10_000, n_step=3, loss="mse", eval_frequency=100_000, checkpoint_frequency=250_000)
 
 
 @dataclass

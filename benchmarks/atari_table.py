@@ -64,7 +64,7 @@ ANCHORS["Breakout"] += [("CleanRL dqn_atari", 1_000_000, 30.0), ("CleanRL dqn_at
 class Run:
     name: str  # the curve: benchmarks/results/<name>.json and .png
     run_dir: str  # the run directory, under runs/
-    settings: str  # the table's settings column: "preset", or the flags that change what the run learns
+    settings: str  # the table's settings column: "preset", or the flags that would make today's preset learn as it did
     machine: str  # what it trained on (recorded; the table shows it up to the first comma outside parentheses)
     command: str = ""  # the command that trained it (recorded; default: the run's own config.yaml, which repeats it)
     segments: tuple[tuple[int, float], ...] = ()  # (first step, wall time) of processes that logged no wall time
@@ -74,38 +74,40 @@ class Run:
 EPYC = "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast"
 XEON = "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast"
 RUNS = [  # a run is one entry; a new run's command can be left to its config.yaml, e.g.
-    # Run("beamrider_1", "BeamRiderNoFrameskip-v4__per_dqn__1", "preset", f"{XEON}, 1 thread, 8 envs"),
-    Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
+    # Run("beamrider_2", "BeamRiderNoFrameskip-v4__per_dqn__preset1M__2", "preset", f"{EPYC}, 1 thread, 8 envs"),
+    Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "--buffer-size 100000",
         f"{EPYC}, 2 threads, 8 envs, shared with other jobs", segments=((0, 0.0), (31856, 668.0), (34184, 695.0)),
         command="python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency "
                 "25000 --stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with "
                 "--resume RUN_DIR"),
-    Run("pong_cpu_bf16_2", "PongNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
+    Run("pong_cpu_bf16_2", "PongNoFrameskip-v4__per_dqn__cpu_bf16__2", "--buffer-size 100000",
         f"{XEON}, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step 240,000",
         command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 "
                 "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
                 "PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR"),
-    Run("pong_cpu_bf16_3", "PongNoFrameskip-v4__per_dqn__cpu_bf16__3", "preset",
+    Run("pong_cpu_bf16_3", "PongNoFrameskip-v4__per_dqn__cpu_bf16__3", "--buffer-size 100000",
         f"{XEON}, 1 thread, 8 envs, the other core used by other jobs part of the time",
         command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 "
                 "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
                 "PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR"),
-    Run("pong_b128f8_1", "PongNoFrameskip-v4__per_dqn__b128f8__1", "--batch-size 128 --train-frequency 8",
+    Run("pong_b128f8_1", "PongNoFrameskip-v4__per_dqn__b128f8__1",
+        "--buffer-size 100000 --batch-size 128 --train-frequency 8",
         f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
         command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 1 --batch-size 128 --train-frequency 8 "
                 "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
                 "--run-name PongNoFrameskip-v4__per_dqn__b128f8__1"),
-    Run("pong_b128f8_2", "PongNoFrameskip-v4__per_dqn__b128f8__2", "--batch-size 128 --train-frequency 8",
+    Run("pong_b128f8_2", "PongNoFrameskip-v4__per_dqn__b128f8__2",
+        "--buffer-size 100000 --batch-size 128 --train-frequency 8",
         f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
         command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --batch-size 128 --train-frequency 8 "
                 "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
                 "--run-name PongNoFrameskip-v4__per_dqn__b128f8__2"),
-    Run("breakout_cpu_bf16_1", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1", "preset",
+    Run("breakout_cpu_bf16_1", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1", "--buffer-size 100000",
         f"{XEON}, 1 thread to step 111,984, then 2 threads, the run alone on both cores, 8 envs",
         command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --eval-frequency 50000 "
                 "--checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1, "
                 "continued with --resume RUN_DIR [--threads 2]"),
-    Run("breakout_cpu_bf16_2", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2", "preset",
+    Run("breakout_cpu_bf16_2", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2", "--buffer-size 100000",
         f"{XEON}, 1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), 1 thread to 650,000 "
         "beside the 1M-buffer run below, then 2 threads alone, 8 envs",
         command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --eval-frequency 50000 "
@@ -122,6 +124,11 @@ RUNS = [  # a run is one entry; a new run's command can be left to its config.ya
         command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 "
                 "--eval-frequency 50000 --checkpoint-frequency 250000 --threads 2 --run-name "
                 "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, continued with --resume RUN_DIR [--threads N]"),
+    # The preset with the 1M replay, confirmed on seeds that chose nothing
+    Run("pong_preset1M_2", "PongNoFrameskip-v4__per_dqn__preset1M__2", "preset",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+    Run("breakout_preset1M_3", "BreakoutNoFrameskip-v4__per_dqn__preset1M__3", "preset",
+        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
     # Candidates for one preset for every game, screened at 250k-500k agent steps (docs/atari.md)
     Run("screen_beamrider_buf1M_1", "screen_beamrider_buf1M_1", "--buffer-size 1000000",
         f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
@@ -157,7 +164,7 @@ def curve(run_dir: Path, segments: tuple[tuple[int, float], ...]) -> dict:
         readings = [wall for at, wall in clock if at <= step]
         return round(readings[-1], 1) if readings else None
 
-    capped = {r["global_step"]: r["eval/capped_episodes"] for r in records if "eval/capped_episodes" in r}
+    capped = {r["global_step"]: int(r["eval/capped_episodes"]) for r in records if "eval/capped_episodes" in r}
     evaluations = [{"global_step": r["global_step"], "wall_s": wall_at(r["global_step"]),
                     "eval/episodic_return": r["eval/episodic_return"],
                     "capped": capped.get(r["global_step"], 0)}  # games the episode cap ended (logged when any)
@@ -285,7 +292,7 @@ def table(curves: list[dict]) -> str:
         last = data["evaluations"][-1] if data["evaluations"] else None
         dopamine = " / ".join(cell(training_mean(data, step - 250_000, step)) or "-" for step in STEPS)
         cleanrl = cell(training_mean(data, 950_000, 1_000_000)) or "-"
-        known = [e["capped"] for e in data["evaluations"] if "capped" in e]  # curves before the count: "-"
+        known = [int(e["capped"]) for e in data["evaluations"] if "capped" in e]  # curves before the count: "-"
         capped = f"{sum(known)} in {len(known)} evals" if known else "-"
         lines.append(f"| {game} | {data['settings']} | {seed} | {machine(data)} | "
                      + " | ".join(cell(evaluation_at(data, step)) or "-" for step in STEPS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -96,7 +97,8 @@ def test_a_preset_too_large_for_the_memory_is_refused_in_one_line_before_anythin
     with pytest.raises(SystemExit) as refused:
         per_dqn.main(args)
     line = str(refused.value.code)
-    needed = args.buffer_size * (1.02 * (84 * 84 + 8) + 16 + 64) / 2**30
+    length = math.ceil(args.buffer_size * 1.02 / 8) + 16  # frames per env: the store's sizing (buffers/frames.py)
+    needed = (8 * length * (84 * 84 + 8) + args.buffer_size * (16 + 64)) / 2**30
     assert line.startswith(f"error: a replay buffer of {args.buffer_size:,} transitions of BreakoutNoFrameskip-v4 "
                            f"needs {needed:.2f} GiB of memory and 0.50 GiB are available (a test): pass --buffer-size")
     assert not (tmp_path / "runs").exists()
