@@ -73,6 +73,7 @@ class Run:
 
 EPYC = "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast"
 XEON = "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast"
+EPYC_1T = f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"
 RUNS = [  # a run is one entry; a new run's command can be left to its config.yaml, e.g.
     # Run("beamrider_2", "BeamRiderNoFrameskip-v4__per_dqn__preset1M__2", "preset", f"{EPYC}, 1 thread, 8 envs"),
     Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "--buffer-size 100000",
@@ -126,18 +127,18 @@ RUNS = [  # a run is one entry; a new run's command can be left to its config.ya
                 "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, continued with --resume RUN_DIR [--threads N]"),
     # The preset with the 1M replay, confirmed on seeds that chose nothing
     Run("pong_preset1M_2", "PongNoFrameskip-v4__per_dqn__preset1M__2", "preset",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
     Run("breakout_preset1M_3", "BreakoutNoFrameskip-v4__per_dqn__preset1M__3", "preset",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
     # Candidates for one preset for every game, screened at 250k-500k agent steps (docs/atari.md)
     Run("screen_beamrider_buf1M_1", "screen_beamrider_buf1M_1", "--buffer-size 1000000",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
     Run("screen_pong_buf1M_1", "screen_pong_buf1M_1", "--buffer-size 1000000",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
     Run("screen_breakout_eps_1", "screen_breakout_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
     Run("screen_pong_eps_1", "screen_pong_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
-        f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"),
+        EPYC_1T),
 ]
 
 
