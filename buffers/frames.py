@@ -437,12 +437,17 @@ class FrameStore:
 
     def state_dict(self) -> dict:
         """The store's state. The frames and owners are the live tensors, not copies (at 1M
-        transitions a copy would double 7 GB): save the state before writing to the buffer again."""
+        transitions a copy would double 7 GB): save the state before writing to the buffer again.
+        Until every env's ring has wrapped, the frames are a list of each env's rows written so far,
+        views of the same memory: a checkpoint holds the frames stored, not the capacity."""
+        frames = self.frames
+        if frames is not None and bool((self.count < self.frames_per_env).any()):
+            frames = [self._written_rows(env) for env in range(self.num_envs)]
         return {
             "frame_stack": self.frame_stack,
             "num_envs": self.num_envs,
             "frames_per_env": self.frames_per_env,
-            "frames": self.frames,
+            "frames": frames,
             "owner": self.owner,
             "count": None if self.count is None else self.count.clone(),
             "last_next_obs": None if self.last_next_obs is None else self.last_next_obs.clone(),
@@ -450,6 +455,15 @@ class FrameStore:
             "last_dropped": np.asarray(self.last_dropped).tolist(),
             "last_irregular": np.asarray(self.last_irregular).tolist(),
         }
+
+    def _written_rows(self, env: int) -> torch.Tensor:
+        """Env `env`'s frames written so far, [min(count, L), *frame_shape], on a storage of their own bytes
+        that aliases the store's (torch.save writes a view's whole storage; this one is only these rows)."""
+        rows, shape = min(int(self.count[env]), self.frames_per_env), self.frames.shape[1:]
+        row_bytes = self.frames[0].numel() * self.frames.element_size()
+        start = self.frames.storage_offset() * self.frames.element_size() + env * self.frames_per_env * row_bytes
+        storage = self.frames.untyped_storage()[start:start + rows * row_bytes]
+        return torch.empty(0, dtype=self.frames.dtype, device=self.frames.device).set_(storage, 0, (rows, *shape))
 
     def load_state_dict(self, state: dict, copy: bool = True) -> None:
         """Restore a state; with copy=False the frames and owners are adopted without a copy when they
@@ -463,13 +477,7 @@ class FrameStore:
         if state["frames"] is None:
             self.frames = self._rows = self.count = self.count_on_device = self.owner = self.last_next_obs = None
         else:
-            expected = self.num_envs * self.frames_per_env
-            if state["frames"].shape[0] != expected or tuple(state["owner"].shape) != (self.num_envs,
-                                                                                         self.frames_per_env):
-                raise ValueError(f"state's frames {tuple(state['frames'].shape)} and owners "
-                                 f"{tuple(state['owner'].shape)} do not match {self.num_envs} envs x "
-                                 f"{self.frames_per_env} frames")
-            self._set_frames(state["frames"].to(self.device, copy=copy).contiguous())
+            self._set_frames(self._loaded_frames(state, copy))
             self.owner = state["owner"].to("cpu", torch.int64, copy=copy)
             self.count = state["count"].to("cpu", torch.int64, copy=True)
             self.count_on_device = self.count.to(self.device)
@@ -479,3 +487,22 @@ class FrameStore:
         else:
             self.last_dropped = np.array(state["last_dropped"], dtype=np.int64)
             self.last_irregular = np.array(state["last_irregular"], dtype=np.int64)
+
+    def _loaded_frames(self, state: dict, copy: bool) -> torch.Tensor:
+        """The state's frames as the store [E * L, *frame_shape] on device, checked against its envs and rings;
+        each env's rows written so far (a store not yet wrapped) go to the start of its ring."""
+        frames, count, envs, length = state["frames"], state["count"], self.num_envs, self.frames_per_env
+        if tuple(state["owner"].shape) != (envs, length):
+            raise ValueError(f"state's owners {tuple(state['owner'].shape)} do not match {envs} envs x {length} frames")
+        if not isinstance(frames, list):
+            if frames.shape[0] != envs * length:
+                raise ValueError(f"state's frames {tuple(frames.shape)} do not match {envs} envs x {length} frames")
+            return frames.to(self.device, copy=copy).contiguous()
+        written = [min(int(c), length) for c in count]
+        if [len(rows) for rows in frames] != written or len({(rows.shape[1:], rows.dtype) for rows in frames}) != 1:
+            raise ValueError(f"state's frames hold {[tuple(rows.shape) for rows in frames]} rows per env; its "
+                             f"counts say {written} (of {length}), in one shape and dtype")
+        store = torch.empty((envs * length, *frames[0].shape[1:]), dtype=frames[0].dtype, device=self.device)
+        for env, rows in enumerate(frames):
+            store[env * length:env * length + len(rows)] = rows.to(self.device)
+        return store

@@ -615,6 +615,60 @@ def test_state_dict_round_trip_through_a_file(device, tmp_path, snapshot):
     assert snapshot(adopted) == snapshot(fresh)
 
 
+def test_a_store_not_yet_wrapped_saves_only_the_frames_it_holds_and_comes_back_exactly(device, tmp_path, snapshot):
+    """Before every env's ring has wrapped, the state's frames are each env's rows written so far, views of the
+    store (no copy): the file holds those frames, not the capacity's, and the loaded buffer samples and stores
+    as the original does; once every ring has wrapped, the two are the same to the byte."""
+    steps = recorded_steps(3, 150, seed=5, max_len=6, p_jump=0.1)
+    original = make_buffer(True, 400, device, seed=3)
+    for td in steps[:30]:
+        original.extend(original.add_frames(td))
+    store = original.frame_store
+    state = original.state_dict()
+    written = [min(int(c), store.frames_per_env) for c in store.count]
+    assert len(set(written)) > 1 and max(written) < store.frames_per_env  # resets: the envs' rings fill unevenly
+    rows = state["frames"]["frames"]
+    assert [len(r) for r in rows] == written
+    for env, r in enumerate(rows):  # the store's own memory
+        assert r.data_ptr() == store.frames[env * store.frames_per_env].data_ptr()
+    path = tmp_path / "buffer.pt"
+    torch.save(state, path)
+    row_bytes = store.frames[0].numel()
+    assert sum(written) < 0.6 * len(store.frames)
+    assert sum(written) * row_bytes < path.stat().st_size < sum(written) * row_bytes + 100_000
+
+    for mmap in (False, True):
+        copy = make_buffer(True, 400, device, seed=99)
+        copy.load_state_dict(torch.load(path, weights_only=True, mmap=mmap), copy=not mmap)
+        for env, n in enumerate(written):
+            span = slice(env * store.frames_per_env, env * store.frames_per_env + n)
+            assert torch.equal(copy.frame_store.frames[span], store.frames[span])
+        for _ in range(3):
+            assert (copy.sample(16) == original.sample(16)).all()
+        for td in steps[30:]:
+            for rb in (original, copy):
+                batch = rb.sample(4)
+                rb.update_priority(batch["index"], batch["reward"].abs())
+                rb.extend(rb.add_frames(td))
+        assert bool((original.frame_store.count >= store.frames_per_env).all())
+        assert snapshot(copy) == snapshot(original)
+        assert original.state_dict()["frames"]["frames"] is original.frame_store.frames  # wrapped: the whole store
+        original = make_buffer(True, 400, device, seed=3)  # again, for the mmap load
+        for td in steps[:30]:
+            original.extend(original.add_frames(td))
+        store = original.frame_store
+
+
+def test_a_state_whose_frames_do_not_match_its_counts_is_refused(device):
+    rb = make_buffer(False, 200, device)
+    for td in recorded_steps(3, 10, seed=1):
+        rb.extend(rb.add_frames(td))
+    state = rb.state_dict()
+    state["frames"]["frames"] = [rows[:-1] for rows in state["frames"]["frames"]]
+    with pytest.raises(ValueError, match="rows per env; its counts say"):
+        make_buffer(False, 200, device).load_state_dict(state)
+
+
 def test_loading_a_state_of_the_other_kind_raises(device):
     frames = make_buffer(False, 10, device)
     generic = ReplayBuffer(10, device=device)
