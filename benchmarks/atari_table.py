@@ -130,6 +130,10 @@ RUNS = [  # a run is one entry; a new run's command can be left to its config.ya
         EPYC_1T),
     Run("breakout_preset1M_3", "BreakoutNoFrameskip-v4__per_dqn__preset1M__3", "preset",
         EPYC_1T),
+    Run("pong_preset1M_3", "PongNoFrameskip-v4__per_dqn__preset1M__3", "preset", EPYC_1T),
+    Run("pong_preset1M_4", "PongNoFrameskip-v4__per_dqn__preset1M__4", "preset", EPYC_1T),
+    Run("breakout_preset1M_4", "BreakoutNoFrameskip-v4__per_dqn__preset1M__4", "preset", EPYC_1T),
+    Run("beamrider_preset1M_2", "BeamRiderNoFrameskip-v4__per_dqn__preset1M__2", "preset", EPYC_1T),
     # Candidates for one preset for every game, screened at 250k-500k agent steps (docs/atari.md)
     Run("screen_beamrider_buf1M_1", "screen_beamrider_buf1M_1", "--buffer-size 1000000",
         EPYC_1T),
