@@ -21,7 +21,8 @@ The table (benchmarks/results/atari.md), per run: our metric, the evaluation (ep
 evaluation. Then the sources' own metrics computed from our runs: Dopamine's, the mean training return of the episodes
 that ended in the iteration (250k agent steps) that ends at the step; CleanRL's, the mean training return of the
 episodes that ended in the 50k agent steps before the step. An empty cell: the run has not reached the step. Under the
-table, per game and settings, the final evaluations of the seeds that ran to the end, mean ± sample std. The figures
+table, per game and settings, the final evaluations of the seeds that ran to the end, mean ± sample std, then
+the seeds paused by --stop-step, each with its evaluation and step. The figures
 (benchmarks/results/atari_<game>.png): every run's evaluations and smoothed training returns against agent steps,
 the published numbers marked at their steps, the goal dotted.
 """
@@ -272,16 +273,20 @@ def order(data: dict) -> tuple[str, bool, str, int]:
 
 
 def finals(group: tuple[str, bool, str], curves: list[dict]) -> str | None:
-    """One line for a game and its settings: the final evaluations of the seeds that ran to the end, mean ± std."""
-    runs = sorted((d for d in curves if order(d)[:3] == group and d.get("final_evaluation")
-                   and not d["final_evaluation"].get("interrupted")), key=order)
+    """One line for a game and its settings: the final evaluations of the seeds that ran to the end, mean ± std,
+    then those of the seeds paused where they were evaluated (--stop-step), each with its step."""
+    mine = sorted((d for d in curves if order(d)[:3] == group and d.get("final_evaluation")
+                   and d["final_evaluation"].get("eval_return_mean") is not None), key=order)  # stopped: no value
+    runs = [d for d in mine if not d["final_evaluation"].get("interrupted")]
+    paused = "; ".join(f"seed {game_and_seed(d)[1]} {d['final_evaluation']['eval_return_mean']:.1f} at "
+                       f"{d['final_evaluation']['global_step'] // 1000}k" for d in mine if d not in runs)
     if not runs:
-        return None
+        return f"- {group[0]}, {group[2]}: paused by --stop-step: {paused}" if paused else None
     values = [d["final_evaluation"]["eval_return_mean"] for d in runs]
     spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
     seeds = ", ".join(str(game_and_seed(d)[1]) for d in runs)
     return (f"- {group[0]}, {group[2]}: final evaluation {statistics.mean(values):.1f}{spread} over seeds {seeds} "
-            f"({', '.join(f'{v:.1f}' for v in values)})")
+            f"({', '.join(f'{v:.1f}' for v in values)})" + (f"; paused by --stop-step: {paused}" if paused else ""))
 
 
 def table(curves: list[dict]) -> str:
