@@ -4,10 +4,10 @@
     python benchmarks/atari_table.py --curves                 # first each run's curve, from its directory in runs/
     python benchmarks/atari_table.py --curves --game Breakout # one game's runs (its table printed, not written)
 
-A run is one entry of RUNS below: its curve's name, its run directory, its settings (the table's column: "preset", or
-the flags that change what it learns), the machine it trained on and the command that trained it (by default the
-run's own config.yaml, which trains it again). Adding a run is adding its line; a game without a goal or published
-numbers in GOALS and DOPAMINE still gets its rows and figure.
+A run is one entry of benchmarks/atari_runs.yaml: its curve's name, its run directory, its settings (the table's
+column: "preset", or the flags that change what it learns), the machine it trained on and the command that trained it
+(by default the run's own config.yaml, which trains it again). Adding a run is adding its entry; a game without a goal
+or published numbers in GOALS and DOPAMINE still gets its rows and figure.
 
 Curves (--curves): for each run whose directory is there, benchmarks/results/<name>.json and .png from its
 metrics.jsonl (a run still training gives its curve so far): every evaluation and training episode with its agent
@@ -62,89 +62,34 @@ ANCHORS["Breakout"] += [("CleanRL dqn_atari", 1_000_000, 30.0), ("CleanRL dqn_at
 
 
 @dataclass(frozen=True)
-class Run:
-    name: str  # the curve: benchmarks/results/<name>.json and .png
-    run_dir: str  # the run directory, under runs/
-    settings: str  # the table's settings column: "preset", or the flags that would make today's preset learn as it did
-    machine: str  # what it trained on (recorded; the table shows it up to the first comma outside parentheses)
-    command: str = ""  # the command that trained it (recorded; default: the run's own config.yaml, which repeats it)
-    segments: tuple[tuple[int, float], ...] = ()  # (first step, wall time) of processes that logged no wall time
-    table: bool = True  # a row of the table and a line of the game's figure (False: its own curve only)
+class Run:  # one entry of atari_runs.yaml (its header says what each field holds)
+    name: str
+    run_dir: str
+    settings: str
+    machine: str  # the table shows it up to the first comma outside parentheses
+    command: str = ""
+    segments: tuple[tuple[int, float], ...] = ()
+    table: bool = True
 
 
-EPYC = "2-vCPU AMD EPYC VM (avx512_bf16, no AMX), torch 2.13.0 CPU: bf16 autocast"
-XEON = "2-vCPU Intel Xeon VM (amx_bf16), torch 2.13.0 CPU: bf16 autocast"
-EPYC_1T = f"{EPYC}, 1 thread, 8 envs, the other core shared with other work"
-RUNS = [  # a run is one entry; a new run's command can be left to its config.yaml, e.g.
-    # Run("beamrider_2", "BeamRiderNoFrameskip-v4__per_dqn__preset1M__2", "preset", f"{EPYC}, 1 thread, 8 envs"),
-    Run("pong_cpu_bf16", "PongNoFrameskip-v4__per_dqn__cpu_bf16__1", "--buffer-size 100000",
-        f"{EPYC}, 2 threads, 8 envs, shared with other jobs", segments=((0, 0.0), (31856, 668.0), (34184, 695.0)),
-        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --eval-frequency 25000 --checkpoint-frequency "
-                "25000 --stop-return 18 --run-name PongNoFrameskip-v4__per_dqn__cpu_bf16__1, continued with "
-                "--resume RUN_DIR"),
-    Run("pong_cpu_bf16_2", "PongNoFrameskip-v4__per_dqn__cpu_bf16__2", "--buffer-size 100000",
-        f"{XEON}, 1 thread, 8 envs, the other core shared with other jobs, subnormals flushed from step 240,000",
-        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --eval-frequency 25000 "
-                "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
-                "PongNoFrameskip-v4__per_dqn__cpu_bf16__2, continued with --resume RUN_DIR"),
-    Run("pong_cpu_bf16_3", "PongNoFrameskip-v4__per_dqn__cpu_bf16__3", "--buffer-size 100000",
-        f"{XEON}, 1 thread, 8 envs, the other core used by other jobs part of the time",
-        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 3 --eval-frequency 25000 "
-                "--checkpoint-frequency 25000 --stop-return 18 --threads 1 --run-name "
-                "PongNoFrameskip-v4__per_dqn__cpu_bf16__3, continued with --resume RUN_DIR"),
-    Run("pong_b128f8_1", "PongNoFrameskip-v4__per_dqn__b128f8__1",
-        "--buffer-size 100000 --batch-size 128 --train-frequency 8",
-        f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
-        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 1 --batch-size 128 --train-frequency 8 "
-                "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
-                "--run-name PongNoFrameskip-v4__per_dqn__b128f8__1"),
-    Run("pong_b128f8_2", "PongNoFrameskip-v4__per_dqn__b128f8__2",
-        "--buffer-size 100000 --batch-size 128 --train-frequency 8",
-        f"{XEON}, 2 threads, 8 envs, the run alone on both cores", table=False,
-        command="python algos/per_dqn.py --env PongNoFrameskip-v4 --seed 2 --batch-size 128 --train-frequency 8 "
-                "--eval-frequency 25000 --checkpoint-frequency 25000 --stop-return 18 "
-                "--run-name PongNoFrameskip-v4__per_dqn__b128f8__2"),
-    Run("breakout_cpu_bf16_1", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1", "--buffer-size 100000",
-        f"{XEON}, 1 thread to step 111,984, then 2 threads, the run alone on both cores, 8 envs",
-        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --eval-frequency 50000 "
-                "--checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__1, "
-                "continued with --resume RUN_DIR [--threads 2]"),
-    Run("breakout_cpu_bf16_2", "BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2", "--buffer-size 100000",
-        f"{XEON}, 1 thread to step 48,352, 2 threads to 197,496 (the run alone on both cores), 1 thread to 650,000 "
-        "beside the 1M-buffer run below, then 2 threads alone, 8 envs",
-        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --eval-frequency 50000 "
-                "--checkpoint-frequency 50000 --threads 1 --run-name BreakoutNoFrameskip-v4__per_dqn__cpu_bf16__2, "
-                "continued with --resume RUN_DIR [--threads 2]"),
-    Run("breakout_buffer1M_1", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__1", "--buffer-size 1000000",
-        f"{XEON}, 1 thread to step 456,288 beside Breakout seed 2, then 2 threads alone, 8 envs",
-        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 1 --buffer-size 1000000 "
-                "--eval-frequency 50000 --checkpoint-frequency 0 --threads 1 --run-name "
-                "BreakoutNoFrameskip-v4__per_dqn__buffer1M__1, continued with --resume RUN_DIR [--threads N]"),
-    Run("breakout_buffer1M_2", "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2", "--buffer-size 1000000",
-        f"{XEON}, 2 threads, 1 from step 99,744 to 235,320 (tests on the other core); resumed alone at 701,352, "
-        "8 envs",
-        command="python algos/per_dqn.py --env BreakoutNoFrameskip-v4 --seed 2 --buffer-size 1000000 "
-                "--eval-frequency 50000 --checkpoint-frequency 250000 --threads 2 --run-name "
-                "BreakoutNoFrameskip-v4__per_dqn__buffer1M__2, continued with --resume RUN_DIR [--threads N]"),
-    # The preset with the 1M replay, confirmed on seeds that chose nothing
-    Run("pong_preset1M_2", "PongNoFrameskip-v4__per_dqn__preset1M__2", "preset",
-        EPYC_1T),
-    Run("breakout_preset1M_3", "BreakoutNoFrameskip-v4__per_dqn__preset1M__3", "preset",
-        EPYC_1T),
-    Run("pong_preset1M_3", "PongNoFrameskip-v4__per_dqn__preset1M__3", "preset", EPYC_1T),
-    Run("pong_preset1M_4", "PongNoFrameskip-v4__per_dqn__preset1M__4", "preset", EPYC_1T),
-    Run("breakout_preset1M_4", "BreakoutNoFrameskip-v4__per_dqn__preset1M__4", "preset", EPYC_1T),
-    Run("beamrider_preset1M_2", "BeamRiderNoFrameskip-v4__per_dqn__preset1M__2", "preset", EPYC_1T),
-    # Candidates for one preset for every game, screened at 250k-500k agent steps (docs/atari.md)
-    Run("screen_beamrider_buf1M_1", "screen_beamrider_buf1M_1", "--buffer-size 1000000",
-        EPYC_1T),
-    Run("screen_pong_buf1M_1", "screen_pong_buf1M_1", "--buffer-size 1000000",
-        EPYC_1T),
-    Run("screen_breakout_eps_1", "screen_breakout_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
-        EPYC_1T),
-    Run("screen_pong_eps_1", "screen_pong_eps_1", "--buffer-size 1000000 --adam-eps 1.5e-4",
-        EPYC_1T),
-]
+def load_runs(path: Path = ROOT / "benchmarks" / "atari_runs.yaml") -> list[Run]:
+    """The runs of atari_runs.yaml, each machine spelled out ("<cpu>, <how>"); a wrong entry is named."""
+    data = yaml.safe_load(path.read_text())
+    runs = []
+    for i, entry in enumerate(data["runs"]):
+        where = f"{path.name}, run {i + 1} ({entry.get('name', 'no name')})"
+        missing = {"name", "run_dir", "settings", "cpu", "how"} - set(entry)
+        unknown = set(entry) - {"name", "run_dir", "settings", "cpu", "how", "command", "segments", "table"}
+        if missing or unknown or entry.get("cpu") not in data["cpus"]:
+            raise ValueError(f"{where}: missing {sorted(missing)}, unknown {sorted(unknown)}, cpu "
+                             f"{entry.get('cpu')!r} of {sorted(data['cpus'])}")
+        machine = f"{data['cpus'][entry['cpu']]}, {entry['how']}"
+        runs.append(Run(entry["name"], entry["run_dir"], str(entry["settings"]), machine, entry.get("command", ""),
+                        tuple(tuple(s) for s in entry.get("segments", ())), entry.get("table", True)))
+    names = [run.name for run in runs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"{path.name}: a name given twice: {sorted({n for n in names if names.count(n) > 1})}")
+    return runs
 
 
 def game_and_seed(data: dict) -> tuple[str, int]:
@@ -361,17 +306,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--curves", action="store_true", help="first write each run's curve from its run directory")
     parser.add_argument("--game", help="only this game's runs (Pong, Breakout, ...): the table printed, not written")
     options = parser.parse_args(argv)
-    for run in RUNS if options.curves else []:
+    runs = load_runs()
+    for run in runs if options.curves else []:
         config = ROOT / "runs" / run.run_dir / "config.yaml"
         if not config.is_file():
             print(f"{run.run_dir}: not in runs/, its curve stays as it was")
         elif options.game in (None, game_and_seed({"env": yaml.safe_load(config.read_text())["env"], "seed": 0})[0]):
             write_curve(run)
     curves = [{**json.loads((RESULTS / f"{run.name}.json").read_text()), "settings": run.settings}
-              for run in RUNS if run.table and (RESULTS / f"{run.name}.json").is_file()]
+              for run in runs if run.table and (RESULTS / f"{run.name}.json").is_file()]
     curves = [d for d in curves if options.game in (None, game_and_seed(d)[0])]
     if not curves:
-        sys.exit(f"error: no curve of {options.game} in RUNS")
+        sys.exit(f"error: no curve of {options.game} in atari_runs.yaml")
     text = table(curves)
     print(text)
     if options.game is None:
