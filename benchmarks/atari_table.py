@@ -21,10 +21,12 @@ The table (benchmarks/results/atari.md), per run: our metric, the evaluation (ep
 evaluation. Then the sources' own metrics computed from our runs: Dopamine's, the mean training return of the episodes
 that ended in the iteration (250k agent steps) that ends at the step; CleanRL's, the mean training return of the
 episodes that ended in the 50k agent steps before the step. An empty cell: the run has not reached the step. Under the
-table, per game and settings, the final evaluations of the seeds that ran to the end, mean ± sample std, then
-the seeds paused by --stop-step, each with its evaluation and step. The figures
+table, per game and settings, the final evaluations of the seeds that ran to the end, mean ± sample std (and
+Dopamine's metric at 1M where they reached it), then the seeds paused by --stop-step, each with its evaluation and
+step. The figures
 (benchmarks/results/atari_<game>.png): every run's evaluations and smoothed training returns against agent steps,
-the published numbers marked at their steps, the goal dotted.
+the published numbers marked at their steps, the goal dotted. README.md and docs/atari.md show the table and the
+lines under it, between their BLOCK lines, written here too.
 """
 
 from __future__ import annotations
@@ -228,10 +230,18 @@ def finals(group: tuple[str, bool, str], curves: list[dict]) -> str | None:
     if not runs:
         return f"- {group[0]}, {group[2]}: paused by --stop-step: {paused}" if paused else None
     values = [d["final_evaluation"]["eval_return_mean"] for d in runs]
-    spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
     seeds = ", ".join(str(game_and_seed(d)[1]) for d in runs)
-    return (f"- {group[0]}, {group[2]}: final evaluation {statistics.mean(values):.1f}{spread} over seeds {seeds} "
-            f"({', '.join(f'{v:.1f}' for v in values)})" + (f"; paused by --stop-step: {paused}" if paused else ""))
+    line = (f"- {group[0]}, {group[2]}: final evaluation {mean_std(values)} over seeds {seeds} "
+            f"({', '.join(f'{v:.1f}' for v in values)})")
+    dopamine = [training_mean(d, 750_000, 1_000_000) for d in runs]
+    if None not in dopamine:
+        line += f"; Dopamine's metric at 1M {mean_std(dopamine)} ({', '.join(f'{v:.1f}' for v in dopamine)})"
+    return line + (f"; paused by --stop-step: {paused}" if paused else "")
+
+
+def mean_std(values: list[float]) -> str:
+    """Mean ± sample std (the mean alone for one value)."""
+    return f"{statistics.mean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
 
 
 def table(curves: list[dict]) -> str:
@@ -301,6 +311,26 @@ def figure(game: str, curves: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+PAGES = (ROOT / "README.md", ROOT / "docs" / "atari.md")
+BLOCK = ("<!-- the Atari table: benchmarks/atari_table.py writes it from benchmarks/results/atari.md's curves -->",
+         "<!-- end of the Atari table -->")
+
+
+def pages_block(text: str) -> str:
+    """The part of the table's text the pages show: the rows and the final evaluations, not the anchors."""
+    return "\n\n".join(text.split("\n\n")[:2])
+
+
+def write_pages(text: str) -> None:
+    """Each page's copy of the table, between its BLOCK lines, replaced by this one."""
+    for page in PAGES:
+        before, found, rest = page.read_text().partition(BLOCK[0])
+        if not found or BLOCK[1] not in rest:
+            sys.exit(f"error: {page.relative_to(ROOT)} has no lines {BLOCK} around its table")
+        page.write_text(f"{before}{BLOCK[0]}\n\n{pages_block(text)}\n\n{BLOCK[1]}{rest.split(BLOCK[1], 1)[1]}")
+        print(f"wrote the table in {page.relative_to(ROOT)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--curves", action="store_true", help="first write each run's curve from its run directory")
@@ -322,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if options.game is None:
         (RESULTS / "atari.md").write_text(text + "\n")
+        write_pages(text)
     for game in sorted({game_and_seed(d)[0] for d in curves}):
         path = RESULTS / f"atari_{game.lower()}.png"
         figure(game, [d for d in curves if game_and_seed(d)[0] == game], path)

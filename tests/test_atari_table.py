@@ -109,14 +109,14 @@ def test_the_first_evaluation_at_the_goal_and_its_hours():
 
 def test_the_line_under_the_table_gives_the_seeds_that_ended_and_apart_those_paused():
     ended = {"eval_return_mean": 10.0, "global_step": 1_000_000, "interrupted": False}
-    curves = [made_up(1, [], [], 1_000_000, ended),
-              made_up(2, [], [], 1_000_000, {**ended, "eval_return_mean": 20.0}),
+    curves = [made_up(1, [(750_000, 99.0), (800_000, 300.0), (1_000_000, 500.0)], [], 1_000_000, ended),
+              made_up(2, [(900_000, 600.0)], [], 1_000_000, {**ended, "eval_return_mean": 20.0}),
               made_up(3, [], [], 375_000, {"eval_return_mean": 4.7, "global_step": 375_000, "interrupted": True}),
               made_up(4, [], [], 200_000),  # still training: no final evaluation
               made_up(5, [], [], 1_000_000, {**ended, "eval_return_mean": 99.0}, settings="--buffer-size 100000")]
     lines = atari_table.table(curves).splitlines()
-    assert ("- Breakout, preset: final evaluation 15.0 ± 7.1 over seeds 1, 2 (10.0, 20.0); paused by --stop-step: "
-            "seed 3 4.7 at 375k") in lines
+    assert ("- Breakout, preset: final evaluation 15.0 ± 7.1 over seeds 1, 2 (10.0, 20.0); Dopamine's metric at 1M "
+            "500.0 ± 141.4 (400.0, 600.0); paused by --stop-step: seed 3 4.7 at 375k") in lines
     assert "- Breakout, --buffer-size 100000: final evaluation 99.0 over seeds 5 (99.0)" in lines
 
 
@@ -144,3 +144,25 @@ def test_a_wrong_entry_of_the_run_list_is_named(tmp_path, entry, named):
     path.write_text(head + ok.replace("ok", "a") * 2)
     with pytest.raises(ValueError, match=r"a name given twice: \['a'\]"):
         atari_table.load_runs(path)
+
+
+def test_the_pages_show_the_table_of_results_atari_md():
+    """README.md and docs/atari.md carry the table and its final evaluations as atari_table.py last wrote them."""
+    block = atari_table.pages_block((RESULTS / "atari.md").read_text().rstrip("\n"))
+    assert block.startswith("| game | settings |") and "\n- " in block and "anchors" not in block
+    for page in atari_table.PAGES:
+        shown = page.read_text().split(atari_table.BLOCK[0] + "\n\n", 1)[1].split("\n\n" + atari_table.BLOCK[1], 1)[0]
+        assert shown == block, f"{page.name}: its table is not results/atari.md's (python benchmarks/atari_table.py)"
+
+
+def test_writing_the_pages_replaces_only_the_block(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    start, end = atari_table.BLOCK
+    page.write_text(f"before\n\n{start}\nold table\n{end}\n\nafter\n")
+    monkeypatch.setattr(atari_table, "PAGES", (page,))
+    monkeypatch.setattr(atari_table, "ROOT", tmp_path)
+    atari_table.write_pages("| rows |\n\n- finals\n\nPong anchors: none")
+    assert page.read_text() == f"before\n\n{start}\n\n| rows |\n\n- finals\n\n{end}\n\nafter\n"
+    page.write_text("no block\n")
+    with pytest.raises(SystemExit, match="has no lines"):
+        atari_table.write_pages("| rows |")
